@@ -1,0 +1,103 @@
+"""gpuscalar: float-like device scalars that synchronize only when Python needs the value.
+
+The public API, re-exported from the modules that implement it (see README, "Architecture").
+Importing gpuscalar never imports CuPy.
+"""
+
+from .backend import Backend, default_backend, get_backend, gpu_available
+from .promote import Rule
+from .reduce import (
+    all,
+    any,
+    count_nonzero,
+    dot,
+    global_norm,
+    logsumexp,
+    max,
+    mean,
+    min,
+    norm,
+    prod,
+    std,
+    sum,
+    unbroadcast,
+    var,
+    vdot,
+)
+from .scalar import (
+    GPUScalar,
+    abs,
+    asscalar,
+    clip,
+    exp,
+    expm1,
+    isfinite,
+    isinf,
+    isnan,
+    log,
+    log1p,
+    maximum,
+    minimum,
+    sign,
+    sqrt,
+    where,
+)
+from .sync import (
+    SyncCounter,
+    SyncError,
+    SyncRecord,
+    SyncWarning,
+    count_syncs,
+    sync_guard,
+    total_syncs,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "GPUScalar",
+    "Rule",
+    "SyncCounter",
+    "SyncError",
+    "SyncRecord",
+    "SyncWarning",
+    "__version__",
+    "abs",
+    "all",
+    "any",
+    "asscalar",
+    "clip",
+    "count_nonzero",
+    "count_syncs",
+    "default_backend",
+    "dot",
+    "exp",
+    "expm1",
+    "get_backend",
+    "global_norm",
+    "gpu_available",
+    "isfinite",
+    "isinf",
+    "isnan",
+    "log",
+    "log1p",
+    "logsumexp",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "norm",
+    "prod",
+    "sign",
+    "sqrt",
+    "std",
+    "sum",
+    "sync_guard",
+    "total_syncs",
+    "unbroadcast",
+    "var",
+    "vdot",
+    "where",
+]

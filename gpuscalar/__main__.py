@@ -1,0 +1,39 @@
+"""Command line: ``gpuscalar demo | profile | bench`` (also ``python -m gpuscalar``).
+
+Why this module exists: one entry point for the console script; each subcommand lives in the
+module that owns the feature and exposes ``main(argv) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "demo": ("gpuscalar.demo", "run a training-style loop, float path vs gpuscalar path"),
+    "profile": ("gpuscalar.profile", "run a script and report every sync by call site"),
+    "bench": ("gpuscalar.benchmarks", "run the workload benchmarks and print one table"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: gpuscalar {" + ",".join(SUBCOMMANDS) + "} [ARGS...]", ""]
+    lines += [f"  {name:<8} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"gpuscalar: unknown command {name!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

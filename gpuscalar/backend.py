@@ -1,0 +1,188 @@
+"""Array backends: NumPy (always) and CuPy (when the user has imported it).
+
+Why this module exists: every CuPy-specific line of gpuscalar lives here, so the rest of the
+package is written once against a small `Backend` interface and tested on NumPy. CuPy is never
+imported by `import gpuscalar`; a CuPy array is recognised by looking in `sys.modules`, as
+array-api-compat does, because a user who holds a CuPy array has already imported CuPy.
+
+`Backend.call` is the single dispatch point through which gpuscalar issues device work, so that
+every operation is counted (`count_syncs().device_ops`). `Backend.read_scalar` is the raw
+device→host copy; only `sync.to_host` may call it, which is how sync accounting stays exact.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from . import sync
+
+__all__ = [
+    "Backend",
+    "NumpyBackend",
+    "CupyBackend",
+    "NUMPY",
+    "CUPY",
+    "backend_of",
+    "get_backend",
+    "default_backend",
+    "gpu_available",
+    "describe",
+]
+
+
+class Backend:
+    """What gpuscalar needs to know about one array library."""
+
+    name: str = ""
+    #: keyword arguments that make a ufunc return a 0-d array rather than a scalar
+    ufunc_array_kwargs: dict[str, Any] = {}
+    #: whether arrays of this backend can live on different devices (device checks needed)
+    multi_device: bool = False
+    #: whether a ufunc accepts NumPy's ``signature=`` to pin the loop (else ``dtype=`` is used)
+    supports_signature: bool = True
+
+    @property
+    def xp(self) -> ModuleType:
+        raise NotImplementedError
+
+    def owns(self, value: object) -> bool:
+        """Whether ``value`` is an array of this backend (no import, no sync)."""
+        raise NotImplementedError
+
+    def device_of(self, array: Any) -> object:
+        raise NotImplementedError
+
+    def read_scalar(self, array: Any) -> Any:
+        """Copy a 0-d array to the host as a Python scalar. Only `sync.to_host` calls this."""
+        raise NotImplementedError
+
+    def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Issue one device operation, counted. Every op gpuscalar issues goes through here."""
+        sync.note_device_op()
+        return func(*args, **kwargs)
+
+    def ufunc(self, name: str) -> Any:
+        """The backend's ufunc called ``name`` (NumPy's naming), looked up once."""
+        cache = self.__dict__.setdefault("_ufuncs", {})
+        found = cache.get(name)
+        if found is None:
+            found = cache[name] = getattr(self.xp, name)
+        return found
+
+    def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<gpuscalar backend {self.name}>"
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    # NumPy >= 2.3 returns 0-d arrays from ufuncs given out=...; older NumPy returns scalars,
+    # which the scalar wrapper normalizes.
+    ufunc_array_kwargs = (
+        {"out": ...} if tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 3) else {}
+    )
+
+    @property
+    def xp(self) -> ModuleType:
+        return np
+
+    def owns(self, value: object) -> bool:
+        return isinstance(value, np.ndarray)
+
+    def device_of(self, array: Any) -> object:
+        return "cpu"
+
+    def read_scalar(self, array: Any) -> Any:
+        return array.item()
+
+    def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
+        return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
+
+
+class CupyBackend(Backend):
+    name = "cupy"
+    multi_device = True
+    supports_signature = False
+
+    @property
+    def xp(self) -> ModuleType:
+        module = sys.modules.get("cupy")
+        if module is None:
+            import cupy as module  # noqa: PLC0415 - only when CuPy is explicitly asked for
+        return module
+
+    def owns(self, value: object) -> bool:
+        cupy = sys.modules.get("cupy")
+        return cupy is not None and isinstance(value, cupy.ndarray)
+
+    def device_of(self, array: Any) -> object:
+        return array.device.id
+
+    def read_scalar(self, array: Any) -> Any:
+        # ndarray.get() is CuPy's own single choke point for device->host copies.
+        return array.get().item()
+
+    def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
+        flat = x.ravel() if axis is None else x
+        return self.call(self.xp.linalg.norm, flat, ord=ord, axis=axis, keepdims=keepdims)
+
+
+NUMPY = NumpyBackend()
+CUPY = CupyBackend()
+#: Checked in order; a test may insert a backend at the front (see tests/fakedevice.py).
+BACKENDS: list[Backend] = [CUPY, NUMPY]
+
+
+def backend_of(value: object) -> Backend | None:
+    """The backend that owns ``value`` (an array), or None for anything else."""
+    for backend in BACKENDS:
+        if backend.owns(value):
+            return backend
+    return None
+
+
+def get_backend(name: str) -> Backend:
+    """Backend by name: ``"numpy"`` or ``"cupy"`` (imports CuPy)."""
+    for backend in BACKENDS:
+        if backend.name == name:
+            if backend is CUPY:
+                CUPY.xp  # noqa: B018 - raises ImportError with CuPy's own message if missing
+            return backend
+    names = ", ".join(repr(b.name) for b in BACKENDS)
+    raise ValueError(f"unknown backend {name!r}; expected one of {names}")
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (imports CuPy if installed)."""
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001 - any import failure means "no usable CuPy"
+        return False
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - CUDA driver missing or no device
+        return False
+
+
+def default_backend() -> Backend:
+    """CuPy when a GPU is present, else NumPy."""
+    return CUPY if gpu_available() else NUMPY
+
+
+def describe(backend: Backend) -> str:
+    """A human-readable description of the device a backend computes on."""
+    if backend is NUMPY:
+        import platform
+
+        return f"CPU ({platform.processor() or platform.machine()}), NumPy {np.__version__}"
+    cupy = backend.xp
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return f"{name}, CuPy {cupy.__version__}"

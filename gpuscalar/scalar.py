@@ -1,0 +1,697 @@
+"""GPUScalar: a float-like number that lives on the device.
+
+Why this module exists: reductions on a GPU produce a value on the device, and turning it into a
+Python float forces a synchronization. A GPUScalar wraps the 0-d device array instead, does its
+arithmetic, comparisons and math on the device (one backend call per operation), feeds arrays and
+kernels without ever reading the value, and only synchronizes when Python truly needs the host
+value (`float(s)`, `bool(s)`, formatting, ...): once, through `sync.to_host`, cached afterwards.
+
+Operators are generated from the tables below (thin dunders, the logic in `apply_ufunc` and
+`_binary`); promotion decisions come from `promote`. All internal access to the wrapped array
+goes through `_array_of`, so that a later lazy (fused) representation stays local to this module.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from . import promote, sync
+from .backend import NUMPY, Backend, backend_of, get_backend
+
+__all__ = [
+    "GPUScalar",
+    "asscalar",
+    "apply_ufunc",
+    "BINARY_OPERATORS",
+    "COMPARISON_OPERATORS",
+    "UNARY_OPERATORS",
+    "MATH_FUNCTIONS",
+]
+
+#: dunder stem -> ufunc name, for binary operators with a reflected form.
+BINARY_OPERATORS: dict[str, str] = {
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "truediv": "divide",
+    "floordiv": "floor_divide",
+    "mod": "remainder",
+    "pow": "power",
+    "divmod": "divmod",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "lshift": "left_shift",
+    "rshift": "right_shift",
+}
+
+#: dunder stem -> ufunc name; the result is a bool GPUScalar.
+COMPARISON_OPERATORS: dict[str, str] = {
+    "lt": "less",
+    "le": "less_equal",
+    "eq": "equal",
+    "ne": "not_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+}
+
+#: dunder stem -> ufunc name, one operand. ``~`` of a bool scalar is logical not (np.invert).
+UNARY_OPERATORS: dict[str, str] = {
+    "neg": "negative",
+    "pos": "positive",
+    "abs": "absolute",
+    "invert": "invert",
+    "floor": "floor",
+    "ceil": "ceil",
+    "trunc": "trunc",
+}
+
+#: public helper name -> ufunc name (gs.sqrt, gs.exp, ...).
+MATH_FUNCTIONS: dict[str, str] = {
+    "sqrt": "sqrt",
+    "exp": "exp",
+    "log": "log",
+    "log1p": "log1p",
+    "expm1": "expm1",
+    "abs": "absolute",
+    "sign": "sign",
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "isfinite": "isfinite",
+    "isnan": "isnan",
+    "isinf": "isinf",
+}
+
+class GPUScalar:
+    """A 0-d device value that behaves like a Python number and syncs only when read.
+
+    Construct from a 0-d NumPy/CuPy array (or a NumPy scalar); use `asscalar` for Python numbers.
+    Arithmetic, comparisons and math stay on the device. Host reads (`item`, `float`, `int`,
+    `bool`, `complex`, `format`, `str`, `repr`, `numpy.asarray`, pickling) transfer once and
+    cache. Immutable and, because ``==`` is device-valued, unhashable.
+    """
+
+    __slots__ = ("_array", "_host")  # _host is unset until the first read
+    _backend: Backend  # a class attribute of the concrete per-backend subclasses
+    __array_priority__ = 100  # CuPy/NumPy binary operators defer to our reflected methods
+    __hash__ = None  # type: ignore[assignment]
+
+    def __new__(cls, array: Any) -> GPUScalar:
+        backend = backend_of(array)
+        if backend is None:
+            if isinstance(array, np.generic):
+                array, backend = np.asarray(array), NUMPY
+            else:
+                raise TypeError(
+                    "GPUScalar() takes a 0-d NumPy or CuPy array, got "
+                    f"{type(array).__name__}; use gpuscalar.asscalar() for Python numbers"
+                )
+        if array.ndim != 0:
+            raise ValueError(
+                f"GPUScalar() takes a 0-d array, got an array of shape {array.shape}; "
+                "reduce it first (e.g. gpuscalar.sum)"
+            )
+        if array.dtype.kind not in promote.SUPPORTED_KINDS:
+            raise TypeError(
+                f"GPUScalar() supports bool, integer, floating and complex dtypes, got {array.dtype}"
+            )
+        return _wrap(backend, array)
+
+    # ---- no-sync attributes -------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The wrapped 0-d backend array (no sync)."""
+        return _array_of(self)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _array_of(self).dtype
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def device(self) -> object:
+        """``"cpu"`` for NumPy, the CUDA device id for CuPy (no sync)."""
+        return self._backend.device_of(_array_of(self))
+
+    @property
+    def is_materialized(self) -> bool:
+        """Whether the host value has been read (and cached) already."""
+        return hasattr(self, "_host")
+
+    shape = ()
+    ndim = 0
+    size = 1
+
+    # ---- host reads: each at most one counted transfer, then cached ----------------------
+    def _host_value(self, reason: str) -> Any:
+        try:
+            return self._host
+        except AttributeError:
+            host = self._host = sync.to_host(self._backend, _array_of(self), reason)
+            return host
+
+    def item(self) -> Any:
+        """The value as a Python scalar (one sync the first time, cached)."""
+        return self._host_value("item")
+
+    def __float__(self) -> float:
+        return float(self._host_value("float"))
+
+    def __int__(self) -> int:
+        return int(self._host_value("int"))
+
+    def __complex__(self) -> complex:
+        return complex(self._host_value("complex"))
+
+    def __bool__(self) -> bool:
+        return bool(self._host_value("bool"))
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "biu":
+            raise TypeError(
+                f"only integer or bool GPUScalars can be used as an index, not {self.dtype}"
+            )
+        return int(self._host_value("index"))
+
+    def __format__(self, spec: str) -> str:
+        return format(self._host_value("format"), spec)
+
+    def __str__(self) -> str:
+        return str(self._host_value("str"))
+
+    def __repr__(self) -> str:
+        value = self._host_value("repr")
+        return f"GPUScalar({value!r}, dtype={self.dtype}, device={self.device!r})"
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = self._host_value("__array__")
+        return np.asarray(value, dtype=self.dtype if dtype is None else dtype)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        value = self._host_value("pickle")
+        return (_unpickle, (self._backend.name, self.dtype.str, value))
+
+    def __copy__(self) -> GPUScalar:
+        return self  # immutable
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GPUScalar:
+        return self
+
+    # ---- device operations ---------------------------------------------------------------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if method != "__call__":
+            return NotImplemented
+        return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
+
+    def __round__(self, ndigits: int | None = None) -> GPUScalar:
+        backend = self._backend
+        result = backend.call(backend.xp.round, _array_of(self), 0 if ndigits is None else ndigits)
+        return _wrap(backend, result)
+
+    def __pow__(self, other: Any, modulo: Any = None) -> Any:
+        if modulo is not None:
+            raise TypeError("pow() with a modulus is not supported for GPUScalar")
+        return _binary(self, other, "power", False)
+
+
+class _RealGPUScalar(GPUScalar):
+    """GPUScalar of a real dtype (bool, int, float): registered as `numbers.Real`."""
+
+    __slots__ = ()
+
+
+numbers.Complex.register(GPUScalar)
+numbers.Real.register(_RealGPUScalar)
+
+#: Every concrete scalar class (one real and one complex class per backend, made on first use).
+_SCALAR_CLASSES: set[type] = set()
+
+
+def _classes_for(backend: Backend) -> dict[str, type]:
+    """The concrete classes for ``backend``, by dtype kind.
+
+    Each backend gets its own pair of classes with the backend as a class attribute, so that
+    ``type(a) is type(b)`` is the whole "same backend, both real" test on the fast path, and
+    its dunders can be generated with that backend's ufuncs already bound.
+    """
+    classes = backend.__dict__.get("_scalar_classes")
+    if classes is None:
+        real = type("GPUScalar", (_RealGPUScalar,), {"__slots__": (), "_backend": backend})
+        complex_ = type("GPUScalar", (GPUScalar,), {"__slots__": (), "_backend": backend})
+        real.__module__ = complex_.__module__ = __name__
+        _install_fast_operators(real, backend)
+        _SCALAR_CLASSES.update((real, complex_))
+        classes = {kind: real for kind in "biuf"}
+        classes["c"] = complex_
+        backend._scalar_classes = classes  # type: ignore[attr-defined]
+    return classes
+
+
+def _wrap(backend: Backend, result: Any) -> GPUScalar:
+    """Private fast constructor for internal results (already validated)."""
+    if type(result) is not np.ndarray and isinstance(result, np.generic):
+        result = np.asarray(result)
+    classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
+    scalar = object.__new__(classes[result.dtype.kind])
+    scalar._array = result
+    return scalar
+
+
+def _wrap_result(backend: Backend, cls: type, result: Any) -> GPUScalar:
+    """Wrap in ``cls`` when the result is real (the usual case), else by dtype."""
+    if result.dtype.kind == "c":
+        return _wrap(backend, result)
+    scalar = object.__new__(cls)
+    scalar._array = result
+    return scalar
+
+
+def _array_of(scalar: GPUScalar) -> Any:
+    """The one internal accessor for a GPUScalar's device array."""
+    return scalar._array
+
+
+def _unpickle(backend_name: str, dtype: str, value: Any) -> GPUScalar:
+    backend = get_backend(backend_name)
+    return _wrap(backend, backend.call(backend.xp.asarray, value, dtype=np.dtype(dtype)))
+
+
+def _operand_label(value: Any) -> str:
+    """Describe an operand for an error message without reading any device value."""
+    if type(value) in _SCALAR_CLASSES:
+        return f"GPUScalar({value.dtype}, backend={value.backend.name}, device={value.device!r})"
+    backend = backend_of(value)
+    if backend is not None:
+        return (
+            f"{backend.name} array(shape={value.shape}, dtype={value.dtype}, "
+            f"device={backend.device_of(value)!r})"
+        )
+    return type(value).__name__
+
+
+def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
+    """Fast path for a dunder: GPUScalar with another GPUScalar or a Python scalar (rules 2-3)."""
+    kind = type(right)
+    backend = left._backend
+    if kind in promote.PYTHON_SCALAR_TYPES:
+        other = right
+    elif kind in _SCALAR_CLASSES and kind._backend is backend and not backend.multi_device:
+        other = _array_of(right)
+    else:
+        operands = (right, left) if reflected else (left, right)
+        return apply_ufunc(name, *operands)
+    mine = _array_of(left)
+    args = (other, mine) if reflected else (mine, other)
+    result = backend.call(backend.ufunc(name), *args, **backend.ufunc_array_kwargs)
+    if type(result) is tuple:
+        return tuple(_wrap(backend, r) for r in result)
+    return _wrap(backend, result)
+
+
+def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
+    """The backend every operand lives on, and whether any operand is a (non-scalar) array.
+
+    Python and NumPy scalars fit any backend. Returns None for an operand gpuscalar does not
+    know (so Python can try the other side). Applies rules 4 and 5.
+    """
+    scalar_backend: Backend | None = None
+    array_backend: Backend | None = None
+    for operand in operands:
+        if type(operand) in _SCALAR_CLASSES:
+            backend = operand._backend
+            if scalar_backend is None:
+                scalar_backend = backend
+            elif backend is not scalar_backend:
+                _raise_incompatible(operands)
+        elif type(operand) in promote.PYTHON_SCALAR_TYPES or isinstance(operand, np.generic):
+            continue
+        else:
+            backend = backend_of(operand)
+            if backend is None:
+                return None
+            if array_backend is None:
+                array_backend = backend
+            elif backend is not array_backend:
+                _raise_incompatible(operands)
+    if scalar_backend is None:
+        raise TypeError("apply_ufunc needs at least one GPUScalar operand")
+    if array_backend is None or array_backend is scalar_backend:
+        backend = scalar_backend
+        if backend.multi_device:
+            devices = {
+                backend.device_of(_array_of(op) if type(op) in _SCALAR_CLASSES else op)
+                for op in operands
+                if type(op) in _SCALAR_CLASSES or backend_of(op) is backend
+            }
+            if len(devices) > 1:
+                labels = " and ".join(_operand_label(op) for op in operands)
+                raise ValueError(f"operands are on different devices: {labels}")
+        return backend, array_backend is not None
+    if array_backend is NUMPY:
+        return NUMPY, True  # rule 4: a device scalar meets a host array
+    _raise_incompatible(operands)
+    raise AssertionError("unreachable")
+
+
+def _raise_incompatible(operands: tuple[Any, ...]) -> None:
+    labels = " and ".join(_operand_label(op) for op in operands)
+    raise TypeError(
+        f"cannot combine {labels}: they live on different backends and gpuscalar never copies "
+        "silently; move one side explicitly"
+    )
+
+
+def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
+    """Apply the backend ufunc ``name`` to operands of which at least one is a GPUScalar.
+
+    Implements the promotion rules: with an array operand the result is an array with the
+    dtype NumPy gives for ``x ⊕ s.item()`` (rule 1), otherwise a GPUScalar (rules 2-3). A
+    device GPUScalar meeting a host NumPy array is read first (rule 4, one counted sync);
+    operands on backends or devices that cannot meet raise (rule 5).
+    """
+    found = _common_backend(operands)
+    if found is None:
+        return NotImplemented
+    backend, has_array = found
+    if not has_array:
+        args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
+        if kwargs.get("out") is not None:
+            raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
+        kwargs.pop("out", None)
+        result = backend.call(backend.ufunc(name), *args, **backend.ufunc_array_kwargs, **kwargs)
+        if type(result) is tuple:
+            return tuple(_wrap(backend, r) for r in result)
+        return _wrap(backend, result)
+
+    args, stand_ins = [], []
+    for op in operands:
+        if type(op) in _SCALAR_CLASSES:
+            if op._backend is not backend:  # rule 4: read the device value for a host array
+                value = op._host_value("host operand")
+                args.append(value)
+                stand_ins.append(promote.python_operand_stand_in(value))
+            else:
+                args.append(_array_of(op))
+                stand_ins.append(promote.weak_stand_in(op.dtype))
+        elif type(op) in promote.PYTHON_SCALAR_TYPES:
+            args.append(op)
+            stand_ins.append(promote.python_operand_stand_in(op))
+        else:
+            args.append(op)
+            stand_ins.append(op.dtype)
+    out = kwargs.get("out")
+    if out is not None and any(type(o) in _SCALAR_CLASSES for o in out):
+        raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
+    if "dtype" not in kwargs and "signature" not in kwargs:
+        signature = promote.parity_signature(name, tuple(stand_ins))
+        if backend.supports_signature:
+            kwargs["signature"] = signature
+        else:
+            dtype = promote.cupy_dtype_argument(signature)
+            if dtype is not None:
+                kwargs["dtype"] = dtype
+    return backend.call(backend.ufunc(name), *args, **kwargs)
+
+
+def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
+    """Make a device scalar from a Python number, NumPy scalar, 0-d array or GPUScalar.
+
+    It lives on the backend and device of ``like`` (an array or GPUScalar), NumPy when ``like``
+    is None. Its dtype is ``dtype`` if given, else the value's own; a Python float takes
+    ``like``'s dtype when ``like`` is floating (a Python int when ``like`` is an integer, a
+    Python complex when ``like`` is complex), else float64 / int64 / complex128 / bool.
+    """
+    if like is None:
+        backend, like_dtype, device = None, None, None
+    elif type(like) in _SCALAR_CLASSES:
+        backend, like_dtype, device = like._backend, like.dtype, like.device
+    else:
+        backend = backend_of(like)
+        if backend is None:
+            raise TypeError(
+                f"asscalar(like=...) takes an array or GPUScalar, got {type(like).__name__}"
+            )
+        like_dtype, device = like.dtype, backend.device_of(like)
+
+    kind = type(value)
+    if kind in _SCALAR_CLASSES:
+        source_backend = value._backend
+        host_value: Any = _array_of(value)
+        natural = value.dtype
+    elif kind in promote.PYTHON_SCALAR_TYPES:
+        source_backend, host_value = None, value
+        natural = _python_default_dtype(value, like_dtype)
+    elif isinstance(value, np.generic):
+        source_backend, host_value, natural = None, value, value.dtype
+    else:
+        source_backend = backend_of(value)
+        if source_backend is None:
+            raise TypeError(
+                "asscalar() takes a Python number, NumPy scalar, 0-d array or GPUScalar, got "
+                f"{kind.__name__}"
+            )
+        if value.ndim != 0:
+            raise ValueError(f"asscalar() takes a 0-d array, got shape {value.shape}")
+        if source_backend is NUMPY:
+            source_backend = None  # host data: may be uploaded to any backend
+        host_value, natural = value, value.dtype
+    target_dtype = natural if dtype is None else np.dtype(dtype)
+    if target_dtype.kind not in promote.SUPPORTED_KINDS:
+        raise TypeError(f"asscalar() supports bool, integer, floating and complex dtypes, "
+                        f"got {target_dtype}")
+    if backend is None:
+        backend = source_backend or NUMPY
+    if source_backend is not None and source_backend is not backend:
+        raise TypeError(
+            f"asscalar(): the value is a {source_backend.name} device value and like= is "
+            f"{backend.name}; gpuscalar never copies silently"
+        )
+    if kind in _SCALAR_CLASSES and target_dtype == natural and (
+        device is None or value.device == device
+    ):
+        return value
+    return _wrap(backend, _make_array(backend, host_value, target_dtype, device))
+
+
+def _python_default_dtype(value: Any, like_dtype: np.dtype | None) -> np.dtype:
+    kind = type(value)
+    like_kind = None if like_dtype is None else like_dtype.kind
+    if kind is bool:
+        return np.dtype(bool)
+    if kind is int:
+        return like_dtype if like_kind in ("i", "u") else np.dtype(np.int64)
+    if kind is float:
+        return like_dtype if like_kind == "f" else np.dtype(np.float64)
+    return like_dtype if like_kind == "c" else np.dtype(np.complex128)
+
+
+def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -> Any:
+    if backend.multi_device and device is not None:
+        with backend.xp.cuda.Device(device):
+            return backend.call(backend.xp.asarray, value, dtype=dtype)
+    return backend.call(backend.xp.asarray, value, dtype=dtype)
+
+
+def _make_binary(name: str, reflected: bool) -> Any:
+    def operator(self: GPUScalar, other: Any) -> Any:
+        return _binary(self, other, name, reflected)
+
+    return operator
+
+
+def _make_unary(name: str) -> Any:
+    def operator(self: GPUScalar) -> GPUScalar:
+        backend = self._backend
+        return _wrap(
+            backend,
+            backend.call(backend.ufunc(name), _array_of(self), **backend.ufunc_array_kwargs),
+        )
+
+    return operator
+
+
+def _install_fast_operators(cls: type, backend: Backend) -> None:
+    """Give a real per-backend class dunders with the backend's ufuncs bound (the hot path).
+
+    A real GPUScalar with a Python bool/int/float, or with a GPUScalar of the same class,
+    can only produce a real result of the same backend, so the result class is known without
+    looking at dtypes. Everything else goes to `_binary`, which handles all cases.
+    """
+    same_class_fast = not backend.multi_device  # CuPy scalars must also compare devices
+    out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
+    note_op = sync.note_device_op
+    counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
+    new = object.__new__
+
+    def make(name: str, reflected: bool) -> Any:
+        ufunc = backend.ufunc(name)
+
+        def operator(self: GPUScalar, other: Any) -> Any:
+            kind = type(other)
+            if kind is float or kind is int or kind is bool:
+                pass
+            elif kind is cls and same_class_fast:
+                other = other._array
+            else:
+                return _binary(self, other, name, reflected)
+            if counting():
+                note_op()
+            if out_ellipsis:
+                if reflected:
+                    result = ufunc(other, self._array, out=...)
+                else:
+                    result = ufunc(self._array, other, out=...)
+            else:
+                result = ufunc(other, self._array) if reflected else ufunc(self._array, other)
+                if type(result) is not np.ndarray and isinstance(result, np.generic):
+                    result = np.asarray(result)
+            scalar = new(cls)
+            scalar._array = result
+            return scalar
+
+        return operator
+
+    def make_unary(name: str) -> Any:
+        ufunc = backend.ufunc(name)
+
+        def operator(self: GPUScalar) -> Any:
+            if counting():
+                note_op()
+            if out_ellipsis:
+                result = ufunc(self._array, out=...)
+            else:
+                result = ufunc(self._array)
+                if type(result) is not np.ndarray and isinstance(result, np.generic):
+                    result = np.asarray(result)
+            return _wrap_result(backend, cls, result)
+
+        return operator
+
+    for stem, ufunc_name in UNARY_OPERATORS.items():
+        method = make_unary(ufunc_name)
+        method.__name__ = method.__qualname__ = f"__{stem}__"
+        setattr(cls, method.__name__, method)
+
+    tables = [(BINARY_OPERATORS, ("", "r")), (COMPARISON_OPERATORS, ("",))]
+    for table, prefixes in tables:
+        for stem, ufunc_name in table.items():
+            if ufunc_name == "divmod":
+                continue  # two results: generic path
+            for prefix in prefixes:
+                if ufunc_name == "power" and prefix == "":
+                    continue  # pow(s, x, modulo) needs the base class's three-argument form
+                method = make(ufunc_name, prefix == "r")
+                method.__name__ = method.__qualname__ = f"__{prefix}{stem}__"
+                setattr(cls, method.__name__, method)
+
+
+def _install_operators() -> None:
+    for stem, ufunc_name in BINARY_OPERATORS.items():
+        for dunder, reflected in ((f"__{stem}__", False), (f"__r{stem}__", True)):
+            if dunder in GPUScalar.__dict__:
+                continue
+            method = _make_binary(ufunc_name, reflected)
+            method.__name__ = method.__qualname__ = dunder
+            setattr(GPUScalar, dunder, method)
+    for stem, ufunc_name in COMPARISON_OPERATORS.items():
+        method = _make_binary(ufunc_name, False)
+        method.__name__ = method.__qualname__ = f"__{stem}__"
+        setattr(GPUScalar, f"__{stem}__", method)
+    for stem, ufunc_name in UNARY_OPERATORS.items():
+        method = _make_unary(ufunc_name)
+        method.__name__ = method.__qualname__ = f"__{stem}__"
+        setattr(GPUScalar, f"__{stem}__", method)
+
+
+_install_operators()
+
+
+def _apply_math(name: str, *operands: Any) -> Any:
+    if any(type(op) in _SCALAR_CLASSES for op in operands):
+        return apply_ufunc(name, *operands)
+    for op in operands:
+        backend = backend_of(op)
+        if backend is not None:
+            return backend.call(backend.ufunc(name), *operands)
+    for op in operands:
+        if type(op) not in promote.PYTHON_SCALAR_TYPES and not isinstance(op, np.generic):
+            raise TypeError(
+                f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {type(op).__name__}"
+            )
+    return apply_ufunc(name, asscalar(operands[0]), *operands[1:])
+
+
+def _make_math_function(public_name: str, ufunc_name: str) -> Any:
+    nin = getattr(np, ufunc_name).nin
+
+    def function(*operands: Any) -> Any:
+        if len(operands) != nin:
+            raise TypeError(f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}")
+        return _apply_math(ufunc_name, *operands)
+
+    function.__name__ = function.__qualname__ = public_name
+    function.__doc__ = (
+        f"Device ``{ufunc_name}``: a GPUScalar for scalar operands, an array for array operands "
+        "(parity dtype), never a sync."
+    )
+    return function
+
+
+sqrt = _make_math_function("sqrt", "sqrt")
+exp = _make_math_function("exp", "exp")
+log = _make_math_function("log", "log")
+log1p = _make_math_function("log1p", "log1p")
+expm1 = _make_math_function("expm1", "expm1")
+abs = _make_math_function("abs", "absolute")  # noqa: A001 - mirrors numpy/builtin name
+sign = _make_math_function("sign", "sign")
+minimum = _make_math_function("minimum", "minimum")
+maximum = _make_math_function("maximum", "maximum")
+isfinite = _make_math_function("isfinite", "isfinite")
+isnan = _make_math_function("isnan", "isnan")
+isinf = _make_math_function("isinf", "isinf")
+
+
+def clip(x: Any, lower: Any, upper: Any) -> Any:
+    """``minimum(maximum(x, lower), upper)`` on the device (two ops); NaN propagates."""
+    return minimum(maximum(x, lower), upper)
+
+
+def where(condition: Any, x: Any, y: Any) -> Any:
+    """Device select. All-scalar operands give a GPUScalar; with an array operand, the array's
+    backend ``where`` with GPUScalar branches acting as the Python scalars they replace."""
+    operands = (condition, x, y)
+    found = _common_backend(operands) if any(type(o) in _SCALAR_CLASSES for o in operands) else None
+    if found is None:
+        backend = next((b for b in map(backend_of, operands) if b is not None), None)
+        if backend is None:
+            raise TypeError("gpuscalar.where() needs a GPUScalar or array operand")
+        return backend.call(backend.xp.where, *operands)
+    backend, has_array = found
+    if not has_array:
+        args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
+        return _wrap(backend, backend.call(backend.xp.where, *args))
+    # Parity: the result dtype is what where() gives with the scalars' Python values.
+    stand_ins = [
+        promote.weak_stand_in(op.dtype) if type(op) in _SCALAR_CLASSES
+        else promote.python_operand_stand_in(op) if type(op) in promote.PYTHON_SCALAR_TYPES
+        else op.dtype
+        for op in (x, y)
+    ]
+    result_dtype = promote.result_dtype(stand_ins)
+    args = []
+    for op in operands:
+        if type(op) in _SCALAR_CLASSES:
+            if op._backend is not backend:
+                op = op._host_value("host operand")
+            elif op is not condition and op.dtype != result_dtype:
+                op = backend.call(_array_of(op).astype, result_dtype)
+            else:
+                op = _array_of(op)
+        args.append(op)
+    return backend.call(backend.xp.where, *args)
