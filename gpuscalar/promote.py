@@ -37,7 +37,9 @@ __all__ = [
     "weak_stand_in",
     "python_operand_stand_in",
     "parity_signature",
+    "check_output_casting",
     "cupy_dtype_argument",
+    "result_dtype",
 ]
 
 #: Exact Python scalar types (exact, because ``np.float64`` subclasses ``float``).
@@ -99,6 +101,18 @@ def parity_signature(ufunc_name: str, operand_types: tuple[Any, ...]) -> tuple[n
     """
     ufunc = getattr(np, ufunc_name)
     return ufunc.resolve_dtypes(operand_types + (None,) * ufunc.nout)
+
+
+def check_output_casting(ufunc_name: str, signature: tuple[np.dtype, ...], out: Any) -> None:
+    """In-place ops (``x += s``) keep NumPy's default ``same_kind`` rule for the output."""
+    outputs = out if isinstance(out, tuple) else (out,)
+    loop_outputs = signature[len(signature) - len(outputs):]
+    for loop_dtype, target in zip(loop_outputs, outputs):
+        if not np.can_cast(loop_dtype, target.dtype, casting="same_kind"):
+            raise TypeError(
+                f"Cannot cast ufunc {ufunc_name!r} output from {loop_dtype!r} to "
+                f"{target.dtype!r} with casting rule 'same_kind'"
+            )
 
 
 def cupy_dtype_argument(signature: tuple[np.dtype, ...]) -> np.dtype | None:

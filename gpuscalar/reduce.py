@@ -8,9 +8,12 @@ is a `GPUScalar`, anything else the backend's array. None of them ever synchroni
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from .backend import Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap
@@ -154,7 +157,8 @@ def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     total = backend.call(xp.sum, shifted, axis=axis, keepdims=keepdims)
     if not keepdims:
         shift = shift.reshape(total.shape) if hasattr(total, "shape") else shift.reshape(())
-    result = backend.call(xp.add, backend.call(xp.log, total), shift)
+    with np.errstate(divide="ignore"):  # log(0) = -inf when every input is -inf
+        result = backend.call(xp.add, backend.call(xp.log, total), shift)
     return _result(backend, result)
 
 
@@ -170,7 +174,7 @@ def unbroadcast(grad: Any, shape: Sequence[int]) -> Any:
     except TypeError:
         raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {shape!r}") from None
     leading = array.ndim - len(target)
-    if leading < 0 or any(
+    if leading < 0 or builtins.any(
         n != 1 and n != array.shape[leading + i] for i, n in enumerate(target)
     ):
         raise ValueError(

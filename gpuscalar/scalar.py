@@ -408,8 +408,13 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
     out = kwargs.get("out")
     if out is not None and any(type(o) in _SCALAR_CLASSES for o in out):
         raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
-    if "dtype" not in kwargs and "signature" not in kwargs:
+    if "dtype" not in kwargs and "signature" not in kwargs and "casting" not in kwargs:
         signature = promote.parity_signature(name, tuple(stand_ins))
+        if out is not None:
+            promote.check_output_casting(name, signature, out)
+        # The loop is NumPy's own choice for x ⊕ s.item(); running it may narrow the GPUScalar
+        # (int64 -> int8, float64 -> float32) exactly as NumPy narrows the Python scalar.
+        kwargs["casting"] = "unsafe"
         if backend.supports_signature:
             kwargs["signature"] = signature
         else:

@@ -9,18 +9,31 @@ machine without a GPU.
 
 State (guard mode, active counters) lives in `contextvars`, so it is per thread and per asyncio
 task, nests, and is restored on exit — never process-global. Modelled on CuPy's syncdetect.
+
+`count_syncs(include_cupy=True)` also sees the syncs that unmodified CuPy code makes: CuPy calls
+``cupy._core.syncdetect._declare_synchronize()`` (looked up at call time) before every
+device→host copy (``ndarray.get``, and so ``item``, ``float``, ``bool``, ``repr``, ``asnumpy``,
+``nonzero``, boolean-mask indexing, ``Device.synchronize``). While any such counter is active,
+anywhere in the process, that function is wrapped (installed once, reference-counted under a
+lock); the wrapper records into the counters of the *calling* context only.
+
+The default guard mode of a whole program comes from the environment variable
+``GPUSCALAR_SYNC_GUARD`` (``allow``, ``warn`` or ``error``), read once at import.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -29,9 +42,11 @@ if TYPE_CHECKING:
 __all__ = [
     "SyncMode",
     "SyncRecord",
+    "SyncSite",
     "SyncCounter",
     "SyncError",
     "SyncWarning",
+    "GUARD_ENV_VAR",
     "count_syncs",
     "sync_guard",
     "total_syncs",
@@ -43,6 +58,10 @@ __all__ = [
 SyncMode = Literal["allow", "warn", "error"]
 _MODES = ("allow", "warn", "error")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: The environment variable that sets the default `sync_guard` mode of a whole program.
+GUARD_ENV_VAR = "GPUSCALAR_SYNC_GUARD"
+#: Reason recorded for a sync that CuPy itself declared (``count_syncs(include_cupy=True)``).
+CUPY_REASON = "cupy"
 
 
 class SyncError(RuntimeError):
@@ -64,45 +83,214 @@ class SyncRecord:
 
     @property
     def site(self) -> str:
+        """``file:line`` of the user's code that caused the sync."""
         return f"{self.filename}:{self.lineno}"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncSite:
+    """All the syncs of one reason made at one line of user code (a row of a report)."""
+
+    filename: str
+    lineno: int
+    function: str
+    reason: str
+    count: int
+
+    @property
+    def site(self) -> str:
+        """``file:line`` of the user's code that caused the syncs."""
+        return f"{self.filename}:{self.lineno}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``file``, ``line``, ``function``, ``reason``, ``count``."""
+        return {
+            "file": self.filename,
+            "line": self.lineno,
+            "function": self.function,
+            "reason": self.reason,
+            "count": self.count,
+        }
 
 
 @dataclass(slots=True)
 class SyncCounter:
-    """Counts syncs (with their records) and device operations issued while it is active."""
+    """Counts syncs (with their records) and device operations issued while it is active.
+
+    ``include_cupy`` says whether the syncs CuPy declares itself are recorded too (reason
+    ``"cupy"``); see `count_syncs`.
+    """
 
     records: list[SyncRecord] = field(default_factory=list)
     device_ops: int = 0
+    include_cupy: bool = False
 
     @property
     def count(self) -> int:
+        """Number of syncs recorded."""
         return len(self.records)
 
+    def sites(self) -> list[SyncSite]:
+        """Syncs grouped by (file, line, function, reason), most frequent first."""
+        tally = Counter((r.filename, r.lineno, r.function, r.reason) for r in self.records)
+        rows = [SyncSite(f, ln, fn, reason, n) for (f, ln, fn, reason), n in tally.items()]
+        rows.sort(key=lambda s: (-s.count, s.filename, s.lineno, s.reason))
+        return rows
 
-_guard_mode: ContextVar[str] = ContextVar("gpuscalar_sync_guard", default="allow")
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: ``count``, ``device_ops``, ``sites`` and every record."""
+        return {
+            "count": self.count,
+            "device_ops": self.device_ops,
+            "sites": [s.to_dict() for s in self.sites()],
+            "records": [
+                {
+                    "reason": r.reason,
+                    "filename": r.filename,
+                    "lineno": r.lineno,
+                    "function": r.function,
+                }
+                for r in self.records
+            ],
+        }
+
+    def report(self, limit: int | None = None) -> str:
+        """A text table of the syncs by call site, most frequent first.
+
+        Paths under the current directory are shown relative to it. ``limit`` keeps only the
+        first ``limit`` rows (the rest are summarized in one line).
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"report(limit=...) must be >= 0 or None, got {limit}")
+        sites = self.sites()
+        noun = "sync" if self.count == 1 else "syncs"
+        ops = "device op" if self.device_ops == 1 else "device ops"
+        lines = [f"gpuscalar: {self.count} {noun}, {self.device_ops} {ops}"]
+        if not sites:
+            return lines[0]
+        shown = sites if limit is None else sites[:limit]
+        table = [("count", "site", "function", "reason")]
+        table += [
+            (str(s.count), _short_path(s.filename) + f":{s.lineno}", s.function, s.reason)
+            for s in shown
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(4)]
+        for row in table:
+            cells = [row[0].rjust(widths[0])] + [
+                c.ljust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+            ]
+            lines.append("  " + "  ".join(cells).rstrip())
+        hidden = sites[len(shown) :]
+        if hidden:
+            lines.append(f"  ... {len(hidden)} more sites, {sum(s.count for s in hidden)} syncs")
+        return "\n".join(lines)
+
+
+def _short_path(filename: str) -> str:
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+    return filename if relative.startswith(os.pardir) else relative
+
+
+def _default_mode_from_env() -> str:
+    raw = os.environ.get(GUARD_ENV_VAR, "")
+    mode = raw.strip().lower()
+    if not mode:
+        return "allow"
+    if mode not in _MODES:
+        raise ValueError(
+            f"environment variable {GUARD_ENV_VAR}={raw!r} is invalid; "
+            f"allowed values: {', '.join(_MODES)}"
+        )
+    return mode
+
+
+_DEFAULT_MODE = _default_mode_from_env()
+_guard_mode: ContextVar[str] = ContextVar("gpuscalar_sync_guard", default=_DEFAULT_MODE)
 _active_counters: ContextVar[tuple[SyncCounter, ...]] = ContextVar(
     "gpuscalar_sync_counters", default=()
 )
+#: True while `to_host` copies a value, so the CuPy hook does not count that read twice.
+_in_gpuscalar_read: ContextVar[bool] = ContextVar("gpuscalar_in_read", default=False)
 #: Truthy while any counter is active in this context (a C call; the hot path inlines it).
 counting = _active_counters.get
 _total_lock = threading.Lock()
 _total = 0
 
 
-def caller_site() -> tuple[str, int, str]:
-    """(filename, lineno, function) of the first frame outside the gpuscalar package."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+# ---- call sites ---------------------------------------------------------------------------
+_skip_prefixes: tuple[str, ...] = (_PACKAGE_DIR,)
+_cupy_dirs_known = False
+
+
+def _cupy_dirs(module: ModuleType | None = None) -> tuple[str, ...]:
+    """Directories of CuPy's packages (cupy, cupyx, cupy_backends), given any CuPy module."""
+    filename = getattr(module or sys.modules.get("cupy"), "__file__", None)
+    if not filename:
+        return ()
+    path = os.path.dirname(os.path.abspath(filename))
+    while os.path.basename(path) != "cupy" and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.basename(path) != "cupy":
+        return ()
+    root = os.path.dirname(path)
+    return tuple(os.path.join(root, name) + os.sep for name in ("cupy", "cupyx", "cupy_backends"))
+
+
+def _user_frame() -> FrameType | None:
+    """The first frame outside gpuscalar (and outside CuPy, once CuPy is imported)."""
+    global _skip_prefixes, _cupy_dirs_known
+    if not _cupy_dirs_known and "cupy" in sys.modules:
+        _skip_prefixes = (_PACKAGE_DIR, *_cupy_dirs())
+        _cupy_dirs_known = True
+    frame: FrameType | None = sys._getframe(1)
+    prefixes = _skip_prefixes
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
         frame = frame.f_back
+    return frame
+
+
+def caller_site() -> tuple[str, int, str]:
+    """(filename, lineno, function) of the first frame outside gpuscalar (and CuPy)."""
+    frame = _user_frame()
     if frame is None:
         return ("<unknown>", 0, "<unknown>")
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
+# ---- guards and counters ------------------------------------------------------------------
 @contextlib.contextmanager
-def count_syncs() -> Iterator[SyncCounter]:
-    """Count the syncs and device ops made inside the block. Nests: outer counters see all."""
-    counter = SyncCounter()
+def count_syncs(include_cupy: bool = False) -> Iterator[SyncCounter]:
+    """Count the syncs and device ops made inside the block. Nests: outer counters see all.
+
+    With ``include_cupy=True`` the counter also records the syncs that CuPy's own code makes
+    (reason ``"cupy"``, at the first frame outside gpuscalar and CuPy), so unmodified CuPy code
+    can be profiled. A gpuscalar read is still counted once. Needs CuPy installed (ImportError
+    otherwise). Counters without ``include_cupy`` never see CuPy's own syncs.
+    """
+    if not isinstance(include_cupy, bool):
+        raise TypeError(
+            f"count_syncs(include_cupy=...) takes a bool, got {type(include_cupy).__name__}"
+        )
+    counter = SyncCounter(include_cupy=include_cupy)
+    if include_cupy:
+        _acquire_cupy_hook()
+    try:
+        token = _active_counters.set(_active_counters.get() + (counter,))
+        try:
+            yield counter
+        finally:
+            _active_counters.reset(token)
+    finally:
+        if include_cupy:
+            _release_cupy_hook()
+
+
+@contextlib.contextmanager
+def _activate(counter: SyncCounter) -> Iterator[SyncCounter]:
+    """Make an existing gpuscalar-only counter active for a block (the pytest plugin's use)."""
     token = _active_counters.set(_active_counters.get() + (counter,))
     try:
         yield counter
@@ -133,13 +321,16 @@ def note_device_op() -> None:
         counter.device_ops += 1
 
 
-def to_host(backend: Backend, array: Any, reason: str) -> Any:
-    """Copy the 0-d ``array`` to the host as a Python scalar: the one counted sync.
-
-    The guard is checked before the transfer, so under ``sync_guard("error")`` nothing moves.
-    """
-    global _total
-    filename, lineno, function = caller_site()
+def _check_guard_and_record(reason: str, cupy_only: bool) -> None:
+    """Apply the guard (raise or warn), then record one sync in the active counters."""
+    frame = _user_frame()
+    if frame is None:
+        filename, lineno, function = "<unknown>", 0, "<unknown>"
+        module_globals: dict[str, Any] = {}
+    else:
+        code = frame.f_code
+        filename, lineno, function = code.co_filename, frame.f_lineno, code.co_name
+        module_globals = frame.f_globals
     mode = _guard_mode.get()
     if mode != "allow":
         message = (
@@ -147,11 +338,89 @@ def to_host(backend: Backend, array: Any, reason: str) -> Any:
             f"under sync_guard({mode!r})"
         )
         if mode == "error":
-            raise SyncError(message)
-        warnings.warn_explicit(message, SyncWarning, filename, lineno)
+            raise SyncError(message) from None  # not 'during handling of' a cache miss
+        # Like warnings.warn(stacklevel=...) at the user's frame: filters and "once" work.
+        warnings.warn_explicit(
+            message,
+            SyncWarning,
+            filename,
+            lineno,
+            module=module_globals.get("__name__"),
+            registry=module_globals.setdefault("__warningregistry__", {})
+            if frame is not None
+            else None,
+            module_globals=module_globals or None,
+        )
     record = SyncRecord(reason, filename, lineno, function)
     for counter in _active_counters.get():
-        counter.records.append(record)
+        if counter.include_cupy or not cupy_only:
+            counter.records.append(record)
+
+
+def to_host(backend: Backend, array: Any, reason: str) -> Any:
+    """Copy the 0-d ``array`` to the host as a Python scalar: the one counted sync.
+
+    The guard is checked before the transfer, so under ``sync_guard("error")`` nothing moves.
+    """
+    global _total
+    _check_guard_and_record(reason, cupy_only=False)
     with _total_lock:
         _total += 1
-    return backend.read_scalar(array)
+    if not _cupy_hook_users:
+        return backend.read_scalar(array)
+    token = _in_gpuscalar_read.set(True)
+    try:
+        return backend.read_scalar(array)
+    finally:
+        _in_gpuscalar_read.reset(token)
+
+
+# ---- CuPy's own syncs ---------------------------------------------------------------------
+_cupy_hook_lock = threading.Lock()
+_cupy_hook_users = 0
+_cupy_syncdetect: ModuleType | None = None
+_cupy_original: Callable[[], Any] | None = None
+
+
+def _import_syncdetect() -> ModuleType:
+    try:
+        return importlib.import_module("cupy._core.syncdetect")
+    except ImportError as exc:
+        raise ImportError(
+            "count_syncs(include_cupy=True) needs CuPy (cupy._core.syncdetect could not be "
+            f"imported: {exc}); install cupy-cuda12x or cupy-cuda13x, or use include_cupy=False"
+        ) from exc
+
+
+def _make_cupy_wrapper(original: Callable[[], Any]) -> Callable[[], Any]:
+    def _declare_synchronize() -> Any:
+        if not _in_gpuscalar_read.get() and any(c.include_cupy for c in _active_counters.get()):
+            _check_guard_and_record(CUPY_REASON, cupy_only=True)
+        return original()
+
+    _declare_synchronize.__wrapped__ = original  # type: ignore[attr-defined]
+    return _declare_synchronize
+
+
+def _acquire_cupy_hook() -> None:
+    """Install the wrapper on first use; later users only bump the reference count."""
+    global _cupy_hook_users, _cupy_syncdetect, _cupy_original, _skip_prefixes, _cupy_dirs_known
+    with _cupy_hook_lock:
+        if _cupy_hook_users == 0:
+            module = _import_syncdetect()
+            original = module._declare_synchronize
+            module._declare_synchronize = _make_cupy_wrapper(original)
+            _cupy_syncdetect, _cupy_original = module, original
+            _skip_prefixes = (_PACKAGE_DIR, *_cupy_dirs(module))
+            _cupy_dirs_known = "cupy" in sys.modules
+        _cupy_hook_users += 1
+
+
+def _release_cupy_hook() -> None:
+    """Restore CuPy's function when the last counter with ``include_cupy`` exits."""
+    global _cupy_hook_users, _cupy_syncdetect, _cupy_original
+    with _cupy_hook_lock:
+        _cupy_hook_users -= 1
+        if _cupy_hook_users == 0 and _cupy_syncdetect is not None:
+            _cupy_syncdetect._declare_synchronize = _cupy_original
+            _cupy_syncdetect = _cupy_original = None

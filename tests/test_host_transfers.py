@@ -1,0 +1,49 @@
+"""Only sync.py (the counted read) and backend.py (the raw copy it calls) may move device data
+to the host. This test fails if any other module of the package calls a host-transfer API."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import gpuscalar
+
+PACKAGE = pathlib.Path(gpuscalar.__file__).parent
+ALLOWED = {"sync.py", "backend.py"}
+
+
+def _suspicious(path: pathlib.Path) -> list[str]:
+    """Calls of .item() / .tolist() / asnumpy() anywhere, and argument-less .get()
+    (the CuPy device->host copy; dict.get always takes a key)."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name = node.func.attr
+        if name in ("item", "tolist", "asnumpy") or (name == "get" and not node.args):
+            hits.append(f"{path.name}:{node.lineno}: .{name}()")
+    return hits
+
+
+def test_no_module_but_sync_and_backend_reads_device_data():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name not in ALLOWED:
+            offenders += _suspicious(path)
+    assert offenders == []
+
+
+def test_the_checker_finds_a_planted_transfer(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f(x):\n    y = {}.get('k')\n    return x.get(), x.item()\n")
+    assert _suspicious(planted) == ["planted.py:3: .get()", "planted.py:3: .item()"]
+
+
+def test_sync_to_host_is_the_only_caller_of_read_scalar():
+    callers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "read_scalar"):
+                callers.append(path.name)
+    assert callers and set(callers) == {"sync.py"}

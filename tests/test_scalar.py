@@ -1,0 +1,344 @@
+"""GPUScalar: construction, operators, host reads, caching, protocols, bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import operator
+import pickle
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar.scalar import BINARY_OPERATORS, COMPARISON_OPERATORS, UNARY_OPERATORS
+
+from .fakedevice import fake_backend_installed, on_device
+
+
+def test_wraps_zero_d_array_without_sync(xp):
+    array = xp.asarray(2.5, dtype=xp.float32)
+    with gs.count_syncs() as counter:
+        s = gs.GPUScalar(array)
+        assert s.array is array
+        assert s.dtype == np.float32
+        assert not s.is_materialized
+        assert s.shape == () and s.ndim == 0
+    assert counter.count == 0
+
+
+def test_numpy_generic_is_normalized_to_zero_d_array():
+    s = gs.GPUScalar(np.float32(1.5))
+    assert isinstance(s.array, np.ndarray) and s.array.shape == ()
+    assert s.dtype == np.float32
+    assert gs.sum(np.ones(3)).array.__class__ is np.ndarray
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        (np.ones(3), ValueError, "shape (3,)"),
+        (np.ones((2, 2)), ValueError, "shape (2, 2)"),
+        ([1.0], TypeError, "list"),
+        ("1.0", TypeError, "str"),
+        (None, TypeError, "NoneType"),
+        (1.0, TypeError, "asscalar"),
+        (np.asarray("x"), TypeError, "<U1"),
+        (np.asarray(None, dtype=object), TypeError, "object"),
+    ],
+)
+def test_constructor_rejects_bad_input(value, error, words):
+    with pytest.raises(error) as info:
+        gs.GPUScalar(value)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(("stem", "ufunc_name"), sorted(BINARY_OPERATORS.items()))
+@pytest.mark.parametrize("reflected", [False, True])
+def test_binary_operators_match_numpy_zero_d(xp, stem, ufunc_name, reflected):
+    is_bitwise = ufunc_name in ("bitwise_and", "bitwise_or", "bitwise_xor",
+                                "left_shift", "right_shift")
+    dtype = xp.int32 if is_bitwise else xp.float64
+    a, b = xp.asarray(7, dtype=dtype), xp.asarray(3, dtype=dtype)
+    s, t = gs.GPUScalar(a), gs.GPUScalar(b)
+    dunder = getattr(operator, stem if stem not in ("and", "or") else stem + "_", None)
+    function = dunder if stem != "divmod" else divmod
+    with gs.count_syncs() as counter:
+        got = function(t, s) if reflected else function(s, t)
+        got_python = function(3, s) if reflected else function(s, 3)
+    assert counter.count == 0
+    expected = getattr(np, ufunc_name)(*(([3, 7] if reflected else [7, 3])))
+    for result in (got, got_python):
+        results = result if isinstance(result, tuple) else (result,)
+        expectations = expected if isinstance(expected, tuple) else (expected,)
+        for r, e in zip(results, expectations):
+            assert isinstance(r, gs.GPUScalar)
+            assert r.item() == e
+
+
+@pytest.mark.parametrize(("stem", "ufunc_name"), sorted(COMPARISON_OPERATORS.items()))
+def test_comparisons_return_bool_scalars_without_sync(xp, stem, ufunc_name):
+    s = gs.asscalar(2.0, like=xp.zeros(1))
+    compare = getattr(operator, stem)
+    with gs.count_syncs() as counter:
+        results = [compare(s, 3.0), compare(s, s), compare(3.0, s)]
+    assert counter.count == 0
+    for result in results:
+        assert isinstance(result, gs.GPUScalar) and result.dtype == np.bool_
+    reference = getattr(np, ufunc_name)
+    assert [bool(r) for r in results] == [
+        bool(reference(2.0, 3.0)), bool(reference(2.0, 2.0)), bool(reference(3.0, 2.0))
+    ]
+
+
+@pytest.mark.parametrize(("stem", "ufunc_name"), sorted(UNARY_OPERATORS.items()))
+def test_unary_operators(xp, stem, ufunc_name):
+    dtype = xp.int16 if ufunc_name == "invert" else xp.float64
+    value = 5 if ufunc_name == "invert" else -2.5
+    s = gs.GPUScalar(xp.asarray(value, dtype=dtype))
+    function = {"floor": math.floor, "ceil": math.ceil, "trunc": math.trunc}.get(
+        stem, getattr(operator, stem, None)
+    )
+    with gs.count_syncs() as counter:
+        result = function(s)
+    assert counter.count == 0
+    assert isinstance(result, gs.GPUScalar)
+    assert result.item() == getattr(np, ufunc_name)(np.asarray(value, dtype=dtype)).item()
+
+
+def test_invert_of_bool_is_logical_not():
+    assert (~gs.asscalar(True)).item() is False
+    assert (~gs.asscalar(False)).item() is True
+
+
+def test_round_floor_ceil_stay_on_device():
+    s = gs.asscalar(2.567)
+    with gs.count_syncs() as counter:
+        values = [round(s), round(s, 2), math.floor(s), math.ceil(s), math.trunc(-s)]
+    assert counter.count == 0
+    assert all(isinstance(v, gs.GPUScalar) for v in values)
+    assert [v.item() for v in values] == [3.0, 2.57, 2.0, 3.0, -2.0]
+
+
+def test_pow_with_modulus_is_rejected():
+    with pytest.raises(TypeError, match="modulus"):
+        pow(gs.asscalar(2), 3, 5)
+
+
+def test_ieee_division_by_zero_gives_inf_and_nan():
+    s = gs.asscalar(1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert (s / 0).item() == math.inf
+        assert math.isnan((s * 0 / 0).item())
+
+
+def test_host_reads_sync_once_and_cache():
+    s = gs.asscalar(3.75)
+    with gs.count_syncs() as counter:
+        assert float(s) == 3.75
+        assert s.is_materialized
+        assert s.item() == 3.75
+        assert int(s) == 3
+        assert bool(s) is True
+        assert complex(s) == 3.75 + 0j
+        assert f"{s:.1f}" == "3.8"
+        assert str(s) == "3.75"
+        assert repr(s) == "GPUScalar(3.75, dtype=float64, device='cpu')"
+        assert np.asarray(s).dtype == np.float64
+    assert counter.count == 1
+    assert counter.records[0].reason == "float"
+
+
+@pytest.mark.parametrize(
+    ("read", "reason"),
+    [(float, "float"), (int, "int"), (bool, "bool"), (str, "str"), (repr, "repr"),
+     (complex, "complex"), (lambda s: s.item(), "item"), (lambda s: f"{s:.2f}", "format"),
+     (operator.index, "index"), (np.asarray, "__array__"), (pickle.dumps, "pickle")],
+)
+def test_each_host_read_is_one_sync_with_its_reason(read, reason):
+    s = gs.asscalar(4)
+    with gs.count_syncs() as counter:
+        read(s)
+    assert [r.reason for r in counter.records] == [reason]
+
+
+def test_index_only_for_integer_dtypes():
+    assert [10, 20, 30][gs.asscalar(1)] == 20
+    with pytest.raises(TypeError, match="float64"):
+        operator.index(gs.asscalar(1.5))
+
+
+def test_numbers_abc_registration():
+    assert isinstance(gs.asscalar(1.5), numbers.Real)
+    assert isinstance(gs.asscalar(True), numbers.Real)
+    assert isinstance(gs.asscalar(1j), numbers.Complex)
+    assert not isinstance(gs.asscalar(1j), numbers.Real)
+    assert isinstance(gs.asscalar(1j), gs.GPUScalar)
+
+
+def test_unhashable_because_equality_is_on_device():
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(gs.asscalar(1.0))
+
+
+def test_immutable_augmented_assignment_rebinds():
+    s = gs.asscalar(1.0)
+    original = s
+    s += 1
+    assert original.item() == 1.0 and s.item() == 2.0
+
+
+def test_pickle_and_copy_round_trip():
+    s = gs.asscalar(np.float32(1.25))
+    restored = pickle.loads(pickle.dumps(s))
+    assert restored.dtype == np.float32 and restored.item() == 1.25
+    with gs.count_syncs() as counter:
+        assert copy.copy(s) is s and copy.deepcopy(s) is s
+    assert counter.count == 0
+
+
+def test_array_ufunc_numpy_functions_return_scalars(xp):
+    s = gs.asscalar(4.0, like=xp.zeros(1))
+    with gs.count_syncs() as counter:
+        results = [xp.sqrt(s), xp.add(s, 1.0), xp.maximum(s, 5.0), xp.isfinite(s)]
+    assert counter.count == 0
+    assert all(isinstance(r, gs.GPUScalar) for r in results)
+    assert [r.item() for r in results] == [2.0, 5.0, 5.0, True]
+    mantissa, exponent = np.frexp(s)
+    assert isinstance(mantissa, gs.GPUScalar) and mantissa.item() * 2 ** exponent.item() == 4.0
+
+
+def test_array_ufunc_rejects_gpuscalar_out():
+    s = gs.asscalar(1.0)
+    with pytest.raises(TypeError, match="immutable"):
+        np.add(s, 1.0, out=(s,))
+
+
+def test_in_place_array_update_keeps_numpy_casting_rules():
+    x = np.arange(3, dtype=np.int8)
+    x += gs.asscalar(2)
+    assert x.tolist() == [2, 3, 4] and x.dtype == np.int8
+    with pytest.raises(TypeError, match="same_kind"):
+        x += gs.asscalar(1.5)
+    assert x.tolist() == [2, 3, 4]  # a rejected update leaves the data as it was
+
+
+def test_math_helpers(xp):
+    s = gs.asscalar(4.0, like=xp.zeros(1))
+    x = xp.asarray([1.0, 4.0, 9.0], dtype=xp.float32)
+    with gs.count_syncs() as counter:
+        assert gs.sqrt(s).item() == 2.0
+        assert gs.exp(gs.log(s)).item() == pytest.approx(4.0)
+        assert gs.log1p(gs.expm1(s)).item() == pytest.approx(4.0)
+        assert gs.abs(-s).item() == 4.0
+        assert gs.sign(-s).item() == -1.0
+        assert gs.minimum(s, 3.0).item() == 3.0 and gs.maximum(s, 3.0).item() == 4.0
+        assert gs.clip(s, 0.0, 1.0).item() == 1.0
+        assert gs.where(s > 3, s, 0.0).item() == 4.0
+        assert gs.isfinite(s).item() and not gs.isnan(s).item() and not gs.isinf(s).item()
+        clipped = gs.clip(x, 2.0, s)
+        assert clipped.dtype == xp.float32
+        selected = gs.where(x > 2, x, s)
+        assert selected.dtype == xp.float32
+    assert counter.count == 12
+    assert gs.sqrt(x).dtype == xp.float32
+    assert gs.sqrt(9.0).item() == 3.0
+    with pytest.raises(TypeError, match="takes 1 operand"):
+        gs.sqrt(s, s)
+    with pytest.raises(TypeError, match="str"):
+        gs.sqrt("9")
+
+
+def test_asscalar_dtype_rules(xp):
+    f32 = xp.zeros(2, dtype=xp.float32)
+    i8 = xp.zeros(2, dtype=xp.int8)
+    assert gs.asscalar(1.5).dtype == np.float64
+    assert gs.asscalar(1.5, like=f32).dtype == np.float32
+    assert gs.asscalar(1.5, like=i8).dtype == np.float64
+    assert gs.asscalar(3, like=i8).dtype == np.int8
+    assert gs.asscalar(3, like=f32).dtype == np.int64
+    assert gs.asscalar(True, like=f32).dtype == np.bool_
+    assert gs.asscalar(1j, like=f32).dtype == np.complex128
+    assert gs.asscalar(np.float16(1)).dtype == np.float16
+    assert gs.asscalar(1, dtype=np.uint8).dtype == np.uint8
+    assert gs.asscalar(gs.asscalar(1.0), dtype=np.float32).dtype == np.float32
+    existing = gs.asscalar(2.0, like=f32)
+    assert gs.asscalar(existing) is existing
+
+
+def test_asscalar_rejects_bad_input():
+    with pytest.raises(TypeError, match="list"):
+        gs.asscalar([1.0])
+    with pytest.raises(TypeError, match="NoneType"):
+        gs.asscalar(None)
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        gs.asscalar(np.ones(2))
+    with pytest.raises(TypeError, match="like"):
+        gs.asscalar(1.0, like=[1.0])
+    with pytest.raises(TypeError, match="<U1"):
+        gs.asscalar(1.0, dtype="U1")
+    with pytest.raises(OverflowError):
+        gs.asscalar(300, like=np.zeros(1, dtype=np.int8))
+
+
+def test_error_messages_never_read_the_value():
+    s = gs.asscalar(1.0)
+    with gs.sync_guard("error"):
+        with pytest.raises(TypeError):
+            operator.index(s)
+        with pytest.raises(TypeError):
+            s + "text"
+        with pytest.raises(TypeError):
+            pow(s, 2, 3)
+    assert not s.is_materialized
+
+
+def test_unknown_operand_returns_not_implemented():
+    class Other:
+        def __radd__(self, other):
+            return "other handled it"
+
+    assert gs.asscalar(1.0) + Other() == "other handled it"
+    assert (gs.asscalar(1.0) == None) is False  # noqa: E711 - falls back to identity
+
+
+# ---- promotion rules 4 and 5 on a fake multi-device backend ---------------------------------
+
+
+def test_device_scalar_with_host_array_reads_once():
+    with fake_backend_installed() as fake:
+        s = gs.GPUScalar(on_device(2.0, device=0))
+        assert s.backend is fake
+        host = np.arange(3, dtype=np.float32)
+        with gs.count_syncs() as counter:
+            result = host * s
+            again = host + s
+        assert type(result) is np.ndarray and result.dtype == np.float32
+        assert result.tolist() == [0.0, 2.0, 4.0] and again.tolist() == [2.0, 3.0, 4.0]
+        assert [r.reason for r in counter.records] == ["host operand"]
+
+
+def test_device_scalar_with_host_array_raises_under_error_guard():
+    with fake_backend_installed():
+        s = gs.GPUScalar(on_device(2.0))
+        with gs.sync_guard("error"), pytest.raises(gs.SyncError, match="host operand"):
+            np.ones(2) * s
+        assert not s.is_materialized
+
+
+def test_mixed_devices_and_backends_are_errors_naming_both_sides():
+    with fake_backend_installed():
+        on_zero = gs.GPUScalar(on_device(1.0, device=0))
+        on_one = gs.GPUScalar(on_device(1.0, device=1))
+        with gs.sync_guard("error"):
+            with pytest.raises(ValueError, match=r"device=0.*device=1"):
+                on_zero + on_one
+            with pytest.raises(ValueError, match="different devices"):
+                on_zero * on_device([1.0, 2.0], device=1)
+            with pytest.raises(TypeError, match=r"fakegpu.*numpy"):
+                on_zero + gs.asscalar(1.0)
+            with pytest.raises(TypeError, match="never copies"):
+                gs.asscalar(1.0) * on_device([1.0, 2.0])
+        same = on_zero * on_device([1.0, 2.0], device=0)
+        assert same.device_id == 0 and same.tolist() == [1.0, 2.0]
