@@ -133,6 +133,26 @@ class CupyBackend(Backend):
         flat = x.ravel() if axis is None else x
         return self.call(self.xp.linalg.norm, flat, ord=ord, axis=axis, keepdims=keepdims)
 
+    # ---- fused kernels (issue 4, gpuscalar.optim): compile once per source, launch counted ----
+    #: NVRTC options for every kernel gpuscalar ships (tests/test_kernels.py compiles with these).
+    kernel_options: tuple[str, ...] = ("--std=c++17",)
+
+    def launch_kernel(self, source: str, name: str, size: int, args: list[Any]) -> None:
+        """Compile ``source`` (cached by text) and launch kernel ``name`` over ``size`` elements
+        with a grid-stride loop: one counted device op. 0-d arrays in ``args`` are passed as
+        device pointers, so the kernel reads device scalars itself (no sync)."""
+        cache = self.__dict__.setdefault("_kernels", {})
+        kernel = cache.get((source, name))
+        if kernel is None:
+            kernel = cache[(source, name)] = self.xp.RawKernel(
+                source, name, options=self.kernel_options
+            )
+        block = 256
+        grid = max(1, min((size + block - 1) // block, 65535))
+        self.call(kernel, (grid,), (block,), tuple(args))
+
+    # ---- end of fused kernels ----
+
 
 NUMPY = NumpyBackend()
 CUPY = CupyBackend()

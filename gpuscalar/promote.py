@@ -107,7 +107,7 @@ def check_output_casting(ufunc_name: str, signature: tuple[np.dtype, ...], out: 
     """In-place ops (``x += s``) keep NumPy's default ``same_kind`` rule for the output."""
     outputs = out if isinstance(out, tuple) else (out,)
     loop_outputs = signature[len(signature) - len(outputs):]
-    for loop_dtype, target in zip(loop_outputs, outputs):
+    for loop_dtype, target in zip(loop_outputs, outputs, strict=True):
         if not np.can_cast(loop_dtype, target.dtype, casting="same_kind"):
             raise TypeError(
                 f"Cannot cast ufunc {ufunc_name!r} output from {loop_dtype!r} to "

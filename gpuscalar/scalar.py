@@ -116,7 +116,8 @@ class GPUScalar:
             )
         if array.dtype.kind not in promote.SUPPORTED_KINDS:
             raise TypeError(
-                f"GPUScalar() supports bool, integer, floating and complex dtypes, got {array.dtype}"
+                "GPUScalar() supports bool, integer, floating and complex dtypes, "
+                f"got {array.dtype}"
             )
         return _wrap(backend, array)
 
@@ -259,15 +260,6 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
         result = np.asarray(result)
     classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
     scalar = object.__new__(classes[result.dtype.kind])
-    scalar._array = result
-    return scalar
-
-
-def _wrap_result(backend: Backend, cls: type, result: Any) -> GPUScalar:
-    """Wrap in ``cls`` when the result is real (the usual case), else by dtype."""
-    if result.dtype.kind == "c":
-        return _wrap(backend, result)
-    scalar = object.__new__(cls)
     scalar._array = result
     return scalar
 
@@ -530,6 +522,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     """
     same_class_fast = not backend.multi_device  # CuPy scalars must also compare devices
     out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
+    real_python_types = frozenset({bool, int, float})
     note_op = sync.note_device_op
     counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
     new = object.__new__
@@ -539,11 +532,9 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
-            if kind is float or kind is int or kind is bool:
-                pass
-            elif kind is cls and same_class_fast:
+            if kind is cls and same_class_fast:
                 other = other._array
-            else:
+            elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
             if counting():
                 note_op()
@@ -574,7 +565,9 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 result = ufunc(self._array)
                 if type(result) is not np.ndarray and isinstance(result, np.generic):
                     result = np.asarray(result)
-            return _wrap_result(backend, cls, result)
+            scalar = new(cls)  # a real operand gives a real result for every unary operator
+            scalar._array = result
+            return scalar
 
         return operator
 
@@ -618,6 +611,12 @@ _install_operators()
 
 
 def _apply_math(name: str, *operands: Any) -> Any:
+    if len(operands) == 1 and type(operands[0]) in _SCALAR_CLASSES:
+        backend = operands[0]._backend
+        result = backend.call(
+            backend.ufunc(name), _array_of(operands[0]), **backend.ufunc_array_kwargs
+        )
+        return _wrap(backend, result)
     if any(type(op) in _SCALAR_CLASSES for op in operands):
         return apply_ufunc(name, *operands)
     for op in operands:
@@ -637,7 +636,9 @@ def _make_math_function(public_name: str, ufunc_name: str) -> Any:
 
     def function(*operands: Any) -> Any:
         if len(operands) != nin:
-            raise TypeError(f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}")
+            raise TypeError(
+                f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}"
+            )
         return _apply_math(ufunc_name, *operands)
 
     function.__name__ = function.__qualname__ = public_name

@@ -68,11 +68,11 @@ def test_binary_operators_match_numpy_zero_d(xp, stem, ufunc_name, reflected):
         got = function(t, s) if reflected else function(s, t)
         got_python = function(3, s) if reflected else function(s, 3)
     assert counter.count == 0
-    expected = getattr(np, ufunc_name)(*(([3, 7] if reflected else [7, 3])))
+    expected = getattr(np, ufunc_name)(*([3, 7] if reflected else [7, 3]))
     for result in (got, got_python):
         results = result if isinstance(result, tuple) else (result,)
         expectations = expected if isinstance(expected, tuple) else (expected,)
-        for r, e in zip(results, expectations):
+        for r, e in zip(results, expectations, strict=True):
             assert isinstance(r, gs.GPUScalar)
             assert r.item() == e
 
