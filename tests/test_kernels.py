@@ -128,3 +128,11 @@ def test_generated_kernel_uses_the_program_expressions():
 def test_kernel_source_rejects_unknown_dtype():
     with pytest.raises(KeyError):
         optim.kernel_source(optim.ADAM, "float16", [None] * 6, False)
+
+
+def test_compile_check_catches_a_broken_kernel(nvrtc):
+    """The check can fail: a source with an undefined helper is reported, with NVRTC's log."""
+    source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None], False)
+    broken = source.replace("param - lr * g", "param - lr * undefined_helper(g)")
+    with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
+        _compile(nvrtc, broken, "broken.cu")

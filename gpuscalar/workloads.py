@@ -1,0 +1,491 @@
+"""Benchmark workloads, each written twice: the float path people write today, and gpuscalar's.
+
+Why this module exists: a claim like "gpuscalar removes syncs" is only worth something on code
+that users really write. Each workload here is a small, complete loop (training with loss
+logging, gradient clipping + Adam, a broadcasted AD backward, a convergence loop, a learning-rate
+schedule) in two versions that compute the same answer:
+
+- the *float path* reads device values into Python the usual way (``float(x.sum())``,
+  ``int(step)``, Python ``if``/``min`` on device values), one sync each on a GPU;
+- the *gpuscalar path* keeps those values on the device as `GPUScalar`s and reads only what the
+  host really needs (``host_values_needed``, stated per workload with the reason).
+
+They live in the package, not in the repository's ``bench/`` folder, because both the
+``gpuscalar bench`` command of an installed package and the pytest-benchmark suite in ``bench/``
+import them. Every path takes the array module ``xp`` (NumPy, CuPy, or the counting device of
+`gpuscalar.benchmarks`), the inputs made by `Workload.make_inputs`, and the size parameters; it
+never mutates its inputs, and returns a dict answer: Python floats/ints for values the host
+needs, device arrays for the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from . import reduce as gsr
+from . import scalar as gss
+from .optim import clip_grad_norm
+
+__all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload"]
+
+#: The two versions of every workload, in table order.
+PATHS: tuple[str, str] = ("float", "gpuscalar")
+#: Size presets: "quick" for tests and ``gpuscalar bench --quick``, "default" for the real run.
+SIZES: tuple[str, str] = ("quick", "default")
+
+Params = Mapping[str, Any]
+Inputs = dict[str, Any]
+Answer = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark workload: both paths, how to make inputs, and what the host really needs."""
+
+    name: str
+    description: str
+    make_inputs: Callable[[ModuleType, Params], Inputs]
+    float_path: Callable[..., Answer]
+    gpuscalar_path: Callable[..., Answer]
+    #: params -> the number of values this workload really needs on the host
+    host_values_needed: Callable[[Params], int]
+    #: why the host needs exactly those values (shown in the JSON and the README)
+    host_values_reason: str
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    validate: Callable[[Params], None] = lambda params: None
+
+    def params(self, size: str = "default", **overrides: Any) -> dict[str, Any]:
+        """The parameters of a size preset, with ``overrides`` applied and validated."""
+        if size not in self.sizes:
+            raise ValueError(f"workload {self.name!r}: unknown size {size!r}; expected {SIZES}")
+        params = {**self.sizes[size], **overrides}
+        unknown = set(params) - set(self.sizes[size])
+        if unknown:
+            raise TypeError(f"workload {self.name!r}: unknown parameter(s) {sorted(unknown)}")
+        self.validate(params)
+        return params
+
+    def path(self, path: str) -> Callable[..., Answer]:
+        """The function of one version: ``"float"`` or ``"gpuscalar"``."""
+        if path == "float":
+            return self.float_path
+        if path == "gpuscalar":
+            return self.gpuscalar_path
+        raise ValueError(f"unknown workload path {path!r}; expected one of {PATHS}")
+
+    def run(self, path: str, xp: ModuleType, params: Params, inputs: Inputs | None = None) -> Answer:
+        """Run one version on ``xp`` (making fresh inputs when none are given)."""
+        function = self.path(path)
+        if inputs is None:
+            inputs = self.make_inputs(xp, params)
+        return function(xp, inputs, **params)
+
+
+def _positive_ints(params: Params, *names: str) -> None:
+    for name in names:
+        value = params[name]
+        if type(value) is not int or value < 1:
+            raise ValueError(f"parameter {name!r} must be a positive int, got {value!r}")
+
+
+def _rng(params: Params) -> np.random.Generator:
+    return np.random.default_rng(params.get("seed", 0))
+
+
+# ---- (a) training loop with per-step loss logging -----------------------------------------
+
+
+def _regression_inputs(xp: ModuleType, params: Params) -> Inputs:
+    rng = _rng(params)
+    n, d = params["n"], params["d"]
+    x = rng.standard_normal((n, d))
+    w_true = rng.standard_normal(d)
+    y = x @ w_true + 0.1 * rng.standard_normal(n)
+    return {"X": xp.asarray(x), "y": xp.asarray(y)}
+
+
+def train_logging_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+                        log_every: int, lr: float, seed: int = 0) -> Answer:
+    """SGD on least squares; every step's loss becomes a Python float and is accumulated."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    logged, running = [], 0.0
+    for step in range(1, steps + 1):
+        err = X @ w - y
+        running += float((err * err).mean())  # one sync per step
+        if step % log_every == 0:
+            logged.append(running / log_every)
+            running = 0.0
+        w -= (2.0 * lr / n) * (X.T @ err)
+    return {"w": w, "logged": logged}
+
+
+def train_logging_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+                            log_every: int, lr: float, seed: int = 0) -> Answer:
+    """The same loop; the running loss is a GPUScalar, read once per logged window."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    zero = gss.asscalar(0.0, like=X)
+    logged, running = [], zero
+    for step in range(1, steps + 1):
+        err = X @ w - y
+        running = running + gsr.mean(err * err)
+        if step % log_every == 0:
+            logged.append(float(running) / log_every)  # the one sync of this window
+            running = zero
+        w -= (2.0 * lr / n) * (X.T @ err)
+    return {"w": w, "logged": logged}
+
+
+def _validate_train(params: Params) -> None:
+    _positive_ints(params, "n", "d", "steps", "log_every")
+
+
+# ---- (b) gradient clipping + Adam ---------------------------------------------------------
+
+
+def _clip_inputs(xp: ModuleType, params: Params) -> Inputs:
+    rng = _rng(params)
+    shapes = params["shapes"]
+    return {
+        "params": [xp.asarray(rng.standard_normal(s)) for s in shapes],
+        "targets": [xp.asarray(rng.standard_normal(s)) for s in shapes],
+    }
+
+
+def _gradients(params: list[Any], targets: list[Any], scale: float) -> list[Any]:
+    # gradient of sum(0.5 * scale * (p - target)**2): large at first, so clipping engages
+    return [scale * (p - t) for p, t in zip(params, targets)]
+
+
+def _adam_update(xp: ModuleType, p: Any, g: Any, m: Any, v: Any, t: int, lr: float,
+                 betas: tuple[float, float], eps: float) -> None:
+    """Plain elementwise Adam with a host step count (no sync in either path)."""
+    b1, b2 = betas
+    m *= b1
+    m += (1.0 - b1) * g
+    v *= b2
+    v += (1.0 - b2) * (g * g)
+    denom = xp.sqrt(v / (1.0 - b2**t)) + eps
+    p -= (lr / (1.0 - b1**t)) * m / denom
+
+
+def clip_adam_float(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int, scale: float,
+                    max_norm: float, lr: float, betas: tuple[float, float], eps: float,
+                    seed: int = 0) -> Answer:
+    """Global-norm clipping as commonly written: one ``float()`` per gradient array, then a
+    Python ``min`` and ``if`` on the host, then Adam."""
+    params = [p.copy() for p in inputs["params"]]
+    moments = [(xp.zeros_like(p), xp.zeros_like(p)) for p in params]
+    total = 0.0
+    for t in range(1, steps + 1):
+        grads = _gradients(params, inputs["targets"], scale)
+        total = math.sqrt(sum(float((g * g).sum()) for g in grads))  # one sync per array
+        coef = min(1.0, max_norm / (total + 1e-6))
+        if coef < 1.0:
+            for g in grads:
+                g *= coef
+        for p, g, (m, v) in zip(params, grads, moments):
+            _adam_update(xp, p, g, m, v, t, lr, betas, eps)
+    return {"params": params, "last_norm": total}
+
+
+def clip_adam_gpuscalar(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int,
+                        scale: float, max_norm: float, lr: float, betas: tuple[float, float],
+                        eps: float, seed: int = 0) -> Answer:
+    """The same step with `gpuscalar.optim.clip_grad_norm` (device norm, device clip factor);
+    the last gradient norm is read once at the end."""
+    params = [p.copy() for p in inputs["params"]]
+    moments = [(xp.zeros_like(p), xp.zeros_like(p)) for p in params]
+    norm = None
+    for t in range(1, steps + 1):
+        grads = _gradients(params, inputs["targets"], scale)
+        norm = clip_grad_norm(grads, max_norm)
+        for p, g, (m, v) in zip(params, grads, moments):
+            _adam_update(xp, p, g, m, v, t, lr, betas, eps)
+    return {"params": params, "last_norm": float(norm)}  # the one sync
+
+
+def _validate_clip(params: Params) -> None:
+    _positive_ints(params, "steps")
+    if not params["shapes"]:
+        raise ValueError("parameter 'shapes' must name at least one parameter array")
+    if not params["max_norm"] > 0:
+        raise ValueError(f"parameter 'max_norm' must be > 0, got {params['max_norm']!r}")
+
+
+# ---- (c) AD backward over broadcasted ops with scalar parameters --------------------------
+
+
+def _ad_inputs(xp: ModuleType, params: Params) -> Inputs:
+    rng = _rng(params)
+    rows, cols = params["rows"], params["cols"]
+    x = rng.uniform(-1.0, 1.0, (rows, cols))
+    target = 1.5 * x - 0.5 + 0.3 * rng.standard_normal(cols) + 0.05 * rng.standard_normal(
+        (rows, cols)
+    )
+    return {"x": xp.asarray(x), "target": xp.asarray(target)}
+
+
+def broadcast_ad_float(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+                       lr: float, seed: int = 0) -> Answer:
+    """Model ``a * x + b + s`` (scalars a, b; row vector s). The backward of a broadcasted
+    scalar is a full sum, read into a Python float as AD libraries do (two syncs per step)."""
+    x, target = inputs["x"], inputs["target"]
+    a, b = 0.0, 0.0
+    s = xp.zeros(cols, dtype=x.dtype)
+    scale = 2.0 / (rows * cols)
+    for _ in range(steps):
+        dpred = scale * (a * x + b + s - target)  # d loss / d pred for the mean squared error
+        grad_a = float((dpred * x).sum())
+        grad_b = float(dpred.sum())
+        grad_s = dpred.sum(axis=0)
+        a -= lr * grad_a
+        b -= lr * grad_b
+        s -= lr * grad_s
+    return {"a": a, "b": b, "s": s}
+
+
+def broadcast_ad_gpuscalar(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+                           lr: float, seed: int = 0) -> Answer:
+    """The same backward with `gpuscalar.unbroadcast`: scalar gradients stay on the device."""
+    x, target = inputs["x"], inputs["target"]
+    a = b = gss.asscalar(0.0, like=x)
+    s = xp.zeros(cols, dtype=x.dtype)
+    scale = 2.0 / (rows * cols)
+    for _ in range(steps):
+        dpred = scale * (a * x + b + s - target)
+        a = a - lr * gsr.unbroadcast(dpred * x, ())
+        b = b - lr * gsr.unbroadcast(dpred, ())
+        s -= lr * gsr.unbroadcast(dpred, s.shape)
+    return {"a": float(a), "b": float(b), "s": s}  # the fitted scalars: two syncs
+
+
+def _validate_ad(params: Params) -> None:
+    _positive_ints(params, "rows", "cols", "steps")
+
+
+# ---- (d) convergence loop: Jacobi on several independent systems --------------------------
+
+
+def _jacobi_inputs(xp: ModuleType, params: Params) -> Inputs:
+    rng = _rng(params)
+    problems, n = params["problems"], params["n"]
+    off = rng.uniform(-1.0, 1.0, (problems, n, n)) / n
+    for i in range(problems):
+        np.fill_diagonal(off[i], 0.0)
+    # diagonal dominance grows with the problem index, so the problems converge at different
+    # iterations (which is what the device mask of the gpuscalar path has to handle)
+    margin = 0.05 + 0.5 * np.arange(problems)[:, None] / problems
+    diag = np.abs(off).sum(axis=2) * (1.0 + margin) + 1e-3
+    A = off.copy()
+    for i in range(problems):
+        A[i][np.diag_indices(n)] = diag[i]
+    b = rng.standard_normal((problems, n))
+    return {"A": xp.asarray(A), "R": xp.asarray(off), "D": xp.asarray(diag), "b": xp.asarray(b)}
+
+
+def jacobi_float(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+                 max_iter: int, check_every: int, seed: int = 0) -> Answer:
+    """Each system solved in turn, with ``if float(residual) < tol: break`` every iteration."""
+    A, R, D, b = inputs["A"], inputs["R"], inputs["D"], inputs["b"]
+    solutions, iterations = [], []
+    for i in range(problems):
+        x = xp.zeros(n, dtype=b.dtype)
+        it = 0
+        for it in range(1, max_iter + 1):
+            x = (b[i] - R[i] @ x) / D[i]
+            if float(xp.linalg.norm(b[i] - A[i] @ x)) < tol:  # one sync per iteration
+                break
+        solutions.append(x)
+        iterations.append(it)
+    return {"x": xp.stack(solutions), "iterations": iterations}
+
+
+def jacobi_gpuscalar(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+                     max_iter: int, check_every: int, seed: int = 0) -> Answer:
+    """All systems at once; a device mask freezes each system at the iteration where its
+    residual drops below ``tol`` (the float path's ``break``), and the host asks whether any
+    system is still active only every ``check_every`` iterations."""
+    A, R, D, b = inputs["A"], inputs["R"], inputs["D"], inputs["b"]
+    x = xp.zeros((problems, n), dtype=b.dtype)
+    active = xp.ones(problems, dtype=bool)
+    iterations = xp.zeros(problems, dtype=xp.int64)
+    for it in range(1, max_iter + 1):
+        x_new = (b - (R @ x[..., None])[..., 0]) / D
+        x = xp.where(active[:, None], x_new, x)
+        iterations += active
+        residual = xp.linalg.norm(b - (A @ x[..., None])[..., 0], axis=1)
+        active &= residual >= tol
+        if it % check_every == 0 and not gsr.any(active):  # one sync per check
+            break
+    return {"x": x, "iterations": iterations}
+
+
+def _validate_jacobi(params: Params) -> None:
+    _positive_ints(params, "problems", "n", "max_iter", "check_every")
+    if not params["tol"] > 0:
+        raise ValueError(f"parameter 'tol' must be > 0, got {params['tol']!r}")
+
+
+# ---- (e) learning-rate schedule: warm-up + cosine -----------------------------------------
+
+
+def _schedule_inputs(xp: ModuleType, params: Params) -> Inputs:
+    rng = _rng(params)
+    n = params["n"]
+    return {"w0": xp.asarray(rng.standard_normal(n)), "target": xp.asarray(rng.standard_normal(n))}
+
+
+def lr_schedule_float(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+                      base_lr: float, min_lr: float, seed: int = 0) -> Answer:
+    """The step counter lives on the device with the optimizer state (as in fused/capturable
+    optimizers); the float path reads it every step to compute the rate with Python math."""
+    w = inputs["w0"].copy()
+    step = xp.zeros((), dtype=xp.int64)
+    rates = []
+    for _ in range(steps):
+        step += 1
+        t = int(step)  # one sync per step
+        if t <= warmup:
+            lr = base_lr * t / warmup
+        else:
+            progress = (t - warmup) / (steps - warmup)
+            lr = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+        rates.append(lr)
+        w -= lr * (w - inputs["target"])
+    return {"w": w, "lr": rates}
+
+
+def lr_schedule_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+                          base_lr: float, min_lr: float, seed: int = 0) -> Answer:
+    """The same schedule computed on the device counter with `gpuscalar.where`; the rates are
+    returned as one device array (no sync at all)."""
+    w = inputs["w0"].copy()
+    step = gss.asscalar(0, like=w, dtype=np.int64)
+    rates = []
+    for _ in range(steps):
+        step = step + 1
+        warm = base_lr * step / warmup
+        progress = (step - warmup) / (steps - warmup)
+        cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + xp.cos(math.pi * progress))
+        lr = gss.where(step <= warmup, warm, cosine)
+        rates.append(lr.array)
+        w -= lr * (w - inputs["target"])
+    return {"w": w, "lr": xp.stack(rates)}
+
+
+def _validate_schedule(params: Params) -> None:
+    _positive_ints(params, "n", "steps", "warmup")
+    if params["warmup"] >= params["steps"]:
+        raise ValueError(
+            f"parameter 'warmup' ({params['warmup']}) must be smaller than 'steps' "
+            f"({params['steps']})"
+        )
+
+
+# ---- the registry -------------------------------------------------------------------------
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            name="train_logging",
+            description="least-squares SGD, loss logged as a window mean every log_every steps",
+            make_inputs=_regression_inputs,
+            float_path=train_logging_float,
+            gpuscalar_path=train_logging_gpuscalar,
+            host_values_needed=lambda p: p["steps"] // p["log_every"],
+            host_values_reason="one logged mean loss per window of log_every steps",
+            sizes={
+                "quick": dict(n=256, d=16, steps=100, log_every=25, lr=0.05),
+                "default": dict(n=2048, d=64, steps=400, log_every=50, lr=0.05),
+            },
+            validate=_validate_train,
+        ),
+        Workload(
+            name="clip_adam",
+            description="global-norm gradient clipping + Adam over several parameter arrays",
+            make_inputs=_clip_inputs,
+            float_path=clip_adam_float,
+            gpuscalar_path=clip_adam_gpuscalar,
+            host_values_needed=lambda p: 1,
+            host_values_reason=(
+                "the last gradient norm, for a log line; the clip decision itself is a device "
+                "min(1, max_norm / norm) factor"
+            ),
+            sizes={
+                "quick": dict(shapes=((32, 16), (16,), (16, 4), (4,)), steps=30, scale=10.0,
+                              max_norm=1.0, lr=0.01, betas=(0.9, 0.999), eps=1e-8),
+                "default": dict(shapes=((256, 128), (128,), (128, 128), (128,), (128, 10), (10,)),
+                                steps=100, scale=10.0, max_norm=1.0, lr=0.01,
+                                betas=(0.9, 0.999), eps=1e-8),
+            },
+            validate=_validate_clip,
+        ),
+        Workload(
+            name="broadcast_ad",
+            description="backward of a * x + b + s: scalar gradients of broadcasted operands",
+            make_inputs=_ad_inputs,
+            float_path=broadcast_ad_float,
+            gpuscalar_path=broadcast_ad_gpuscalar,
+            host_values_needed=lambda p: 2,
+            host_values_reason="the two fitted scalar parameters a and b, read once at the end",
+            sizes={
+                "quick": dict(rows=128, cols=16, steps=60, lr=0.5),
+                "default": dict(rows=1024, cols=64, steps=300, lr=0.5),
+            },
+            validate=_validate_ad,
+        ),
+        Workload(
+            name="jacobi",
+            description="Jacobi on independent diagonally dominant systems until residual < tol",
+            make_inputs=_jacobi_inputs,
+            float_path=jacobi_float,
+            gpuscalar_path=jacobi_gpuscalar,
+            host_values_needed=lambda p: -(-p["max_iter"] // p["check_every"]),
+            host_values_reason=(
+                "one 'is any system still active?' decision per check, at most "
+                "ceil(max_iter / check_every) checks"
+            ),
+            sizes={
+                "quick": dict(problems=4, n=16, tol=1e-8, max_iter=200, check_every=8),
+                "default": dict(problems=8, n=64, tol=1e-10, max_iter=500, check_every=10),
+            },
+            validate=_validate_jacobi,
+        ),
+        Workload(
+            name="lr_schedule",
+            description="warm-up + cosine learning rate from a device step counter, SGD update",
+            make_inputs=_schedule_inputs,
+            float_path=lr_schedule_float,
+            gpuscalar_path=lr_schedule_gpuscalar,
+            host_values_needed=lambda p: 0,
+            host_values_reason=(
+                "none: the rate only feeds the device update, and the trace of rates is "
+                "returned as one device array"
+            ),
+            sizes={
+                "quick": dict(n=64, steps=100, warmup=10, base_lr=0.1, min_lr=0.001),
+                "default": dict(n=4096, steps=500, warmup=50, base_lr=0.1, min_lr=0.001),
+            },
+            validate=_validate_schedule,
+        ),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    """The registered workload called ``name``; a `ValueError` lists the known names."""
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown workload {name!r}; expected one of {', '.join(WORKLOADS)}"
+        ) from None
