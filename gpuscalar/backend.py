@@ -77,6 +77,14 @@ class Backend:
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
         raise NotImplementedError
 
+    def elementwise_ufunc_name(self, kernel: Any) -> str | None:
+        """NumPy's name for a CuPy ufunc object (``cupy_add`` -> ``add``); None for any other
+        elementwise kernel. Used by GPUScalar's ``__cupy_override_elementwise_kernel__``."""
+        if type(kernel).__name__ != "ufunc":
+            return None
+        name = str(getattr(kernel, "name", ""))
+        return name.removeprefix("cupy_") or None
+
     def __repr__(self) -> str:
         return f"<gpuscalar backend {self.name}>"
 

@@ -183,6 +183,13 @@ def _evaluate_numpy(
     Scalars are cast to the arrays' dtype first, as the CUDA kernel does. ``skip`` (a 0-d bool
     array or None) keeps every output unchanged where true, without branching on its value.
     """
+    with np.errstate(all="ignore"):  # IEEE results, no warnings: a kernel cannot warn either
+        _evaluate_numpy_quietly(program, scalars, arrays, skip)
+
+
+def _evaluate_numpy_quietly(
+    program: Program, scalars: dict[str, Any], arrays: dict[str, Any], skip: Any
+) -> None:
     dtype = arrays[program.arrays[0]].dtype
     env: dict[str, Any] = dict(NUMPY_HELPERS)
     for name in program.scalars:

@@ -96,7 +96,7 @@ class GPUScalar:
 
     __slots__ = ("_array", "_host")  # _host is unset until the first read
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
-    __array_priority__ = 100  # CuPy/NumPy binary operators defer to our reflected methods
+    __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
     __hash__ = None  # type: ignore[assignment]
 
     def __new__(cls, array: Any) -> GPUScalar:
@@ -209,6 +209,19 @@ class GPUScalar:
         if method != "__call__":
             return NotImplemented
         return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
+
+    def __cupy_override_elementwise_kernel__(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        """CuPy's hook for ``cupy.sqrt(s)`` and user ``ElementwiseKernel`` calls.
+
+        A CuPy ufunc goes through the promotion rules like a NumPy ufunc; any other elementwise
+        kernel receives each GPUScalar as its 0-d device array, which the kernel reads on the
+        device — no sync.
+        """
+        ufunc_name = self._backend.elementwise_ufunc_name(kernel)
+        if ufunc_name is not None:
+            return apply_ufunc(ufunc_name, *args, **kwargs)
+        arrays = [_array_of(a) if type(a) in _SCALAR_CLASSES else a for a in args]
+        return self._backend.call(kernel, *arrays, **kwargs)
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
         backend = self._backend

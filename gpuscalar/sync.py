@@ -339,17 +339,16 @@ def _check_guard_and_record(reason: str, cupy_only: bool) -> None:
         )
         if mode == "error":
             raise SyncError(message) from None  # not 'during handling of' a cache miss
-        # Like warnings.warn(stacklevel=...) at the user's frame: filters and "once" work.
+        # As warnings.warn(stacklevel=...) would at the user's frame: filters and "once" work.
         warnings.warn_explicit(
             message,
             SyncWarning,
             filename,
             lineno,
             module=module_globals.get("__name__"),
-            registry=module_globals.setdefault("__warningregistry__", {})
-            if frame is not None
-            else None,
-            module_globals=module_globals or None,
+            registry=None
+            if frame is None
+            else module_globals.setdefault("__warningregistry__", {}),
         )
     record = SyncRecord(reason, filename, lineno, function)
     for counter in _active_counters.get():

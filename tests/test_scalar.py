@@ -342,3 +342,29 @@ def test_mixed_devices_and_backends_are_errors_naming_both_sides():
                 gs.asscalar(1.0) * on_device([1.0, 2.0])
         same = on_zero * on_device([1.0, 2.0], device=0)
         assert same.device_id == 0 and same.tolist() == [1.0, 2.0]
+
+
+def test_cupy_elementwise_override_routes_cupy_ufuncs_through_promotion():
+    cupy = pytest.importorskip("cupy")  # the ufunc objects exist without a device
+    s = gs.asscalar(np.float32(4.0))
+    with gs.count_syncs() as counter:
+        root = s.__cupy_override_elementwise_kernel__(cupy.sqrt, s)
+        total = s.__cupy_override_elementwise_kernel__(cupy.add, np.ones(2, np.float16), s)
+    assert counter.count == 0 and counter.device_ops == 2
+    assert isinstance(root, gs.GPUScalar) and root.item() == 2.0
+    assert total.dtype == np.float16 and total.tolist() == [5.0, 5.0]  # parity: as + 4.0
+
+
+def test_cupy_elementwise_override_passes_device_arrays_to_user_kernels():
+    received = []
+
+    def user_kernel(*args):
+        received.extend(args)
+        return args[0] * args[1]
+
+    s = gs.asscalar(3.0)
+    x = np.arange(3.0)
+    with gs.count_syncs() as counter:
+        result = s.__cupy_override_elementwise_kernel__(user_kernel, x, s)
+    assert counter.count == 0
+    assert received[1] is s.array and result.tolist() == [0.0, 3.0, 6.0]

@@ -1,0 +1,442 @@
+"""``gpuscalar bench``: syncs, device ops and time of every workload, float path vs gpuscalar.
+
+Why this module exists: the workloads (`gpuscalar.workloads`) show what gpuscalar changes, and
+this module measures it the same way on every machine.
+
+*Counts* come from the **counting device**: NumPy arrays of a private ndarray subclass that act
+like device arrays (reductions return 0-d arrays, not Python scalars) and report every host read
+(``float()``, ``int()``, ``bool()``, ``if``, ``format``, ...) as a sync through `sync.to_host`,
+and every array-library call (ufunc, reduction, ``xp.*`` function, ``copy``) as one device op.
+That counts the float path's ``float(x.sum())`` — which never passes through gpuscalar — exactly
+like gpuscalar's own reads, so both columns of the table are counted by one rule. The counts are
+properties of the program, not of the machine: they are what a GPU would see.
+
+*Times* come from the selected backend (CuPy when a GPU is present, else NumPy): the median of
+several runs of each path, each run ending with one read of the answer so that work still queued
+on a GPU is included. On NumPy a sync costs nothing, so CPU time ratios mostly measure Python
+overhead; see the README's "Benchmarks" section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from . import __version__, sync
+from . import backend as backend_module
+from .reduce import max as device_max
+from .reduce import sum as device_sum
+from .scalar import GPUScalar
+from .workloads import PATHS, WORKLOADS, Workload, get_workload
+
+__all__ = ["PathResult", "WorkloadResult", "counting_device", "count_path", "measure", "main"]
+
+# ---- the counting device -------------------------------------------------------------------
+
+_depth = threading.local()
+
+
+@contextlib.contextmanager
+def _op() -> Iterator[None]:
+    """One array-library call: counted as a device op when it is the outermost one."""
+    depth = getattr(_depth, "value", 0)
+    if depth == 0:
+        sync.note_device_op()
+    _depth.value = depth + 1
+    try:
+        yield
+    finally:
+        _depth.value = depth
+
+
+def _inside_op() -> bool:
+    return getattr(_depth, "value", 0) > 0
+
+
+def _base(value: Any) -> Any:
+    return value.view(np.ndarray) if isinstance(value, _CountingArray) else value
+
+
+def _lift(value: Any) -> Any:
+    """Results as counting-device arrays; 0-d results stay arrays, as on a GPU."""
+    if isinstance(value, tuple):
+        return tuple(_lift(v) for v in value)
+    if isinstance(value, list):
+        return [_lift(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value if isinstance(value, _CountingArray) else value.view(_CountingArray)
+    if isinstance(value, np.generic):
+        return np.asarray(value).view(_CountingArray)
+    return value
+
+
+class _CountingArray(np.ndarray):
+    """A NumPy array that behaves like a device array for counting purposes."""
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if any(isinstance(x, GPUScalar) for x in inputs):
+            return NotImplemented  # GPUScalar applies its promotion rules, then calls us back
+        out = kwargs.get("out")
+        with _op():
+            if isinstance(out, tuple):
+                kwargs["out"] = tuple(_base(o) for o in out)
+            result = getattr(ufunc, method)(*(_base(x) for x in inputs), **kwargs)
+        if isinstance(out, tuple):
+            return out[0] if len(out) == 1 else out
+        return _lift(result)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        with _op():
+            result = super().__array_function__(func, types, args, kwargs)
+        return _lift(result)
+
+    def __getitem__(self, key: Any) -> Any:
+        return _lift(super().__getitem__(key))  # a view, not a device op
+
+    def _read(self, reason: str) -> Any:
+        if _inside_op():  # NumPy's own implementation reading a value: not the user's sync
+            return np.ndarray.item(self)
+        if self.ndim != 0:
+            raise TypeError(
+                f"the counting device reads 0-d arrays only, got shape {self.shape} ({reason})"
+            )
+        return sync.to_host(COUNTING, self, reason)
+
+    def item(self, *args: Any) -> Any:
+        if args:
+            return self[args]._read("item")
+        return self._read("item")
+
+    def __float__(self) -> float:
+        return float(self._read("float"))
+
+    def __int__(self) -> int:
+        return int(self._read("int"))
+
+    def __index__(self) -> int:
+        return int(self._read("index"))
+
+    def __complex__(self) -> complex:
+        return complex(self._read("complex"))
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool"))
+
+    def __format__(self, spec: str) -> str:
+        return format(self._read("format"), spec)
+
+
+def _counted_method(name: str) -> Any:
+    method = getattr(np.ndarray, name)
+
+    def counted(self: _CountingArray, *args: Any, **kwargs: Any) -> Any:
+        with _op():
+            return _lift(method(self, *args, **kwargs))
+
+    counted.__name__ = name
+    return counted
+
+
+# Methods that run device work (a reduction or a copy kernel) count as one op each, however
+# many ufuncs NumPy's implementation calls internally.
+for _name in ("sum", "mean", "prod", "max", "min", "any", "all", "var", "std", "copy", "astype",
+              "dot", "cumsum", "clip"):
+    setattr(_CountingArray, _name, _counted_method(_name))
+
+
+class _CountingNamespace:
+    """``xp`` for the counting device: NumPy's functions, with array results on the device."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if isinstance(value, ModuleType):
+            return _CountingNamespace(value)
+        if isinstance(value, (type, np.ufunc)) or not callable(value):
+            return value  # dtypes, ufuncs (they dispatch on their operands), constants
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with _op():
+                return _lift(value(*args, **kwargs))
+
+        counted.__name__ = name
+        return counted
+
+
+class _CountingBackend(backend_module.Backend):
+    name = "counting"
+    ufunc_array_kwargs = {"out": ...}
+
+    def __init__(self) -> None:
+        self._xp = _CountingNamespace(np)
+
+    @property
+    def xp(self) -> Any:
+        return self._xp
+
+    def owns(self, value: object) -> bool:
+        return isinstance(value, _CountingArray)
+
+    def device_of(self, array: Any) -> object:
+        return "counting"
+
+    def read_scalar(self, array: Any) -> Any:
+        return np.ndarray.item(array)
+
+    def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)  # the arrays count their own ops, once
+
+    def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
+        return self.xp.linalg.vector_norm(x, ord=ord, axis=axis, keepdims=keepdims)
+
+
+COUNTING = _CountingBackend()
+
+
+@contextlib.contextmanager
+def counting_device() -> Iterator[Any]:
+    """Install the counting device for the block and yield its ``xp`` namespace."""
+    backend_module.BACKENDS.insert(0, COUNTING)
+    try:
+        yield COUNTING.xp
+    finally:
+        backend_module.BACKENDS.remove(COUNTING)
+
+
+def count_path(
+    workload: Workload, path: str, params: dict[str, Any]
+) -> tuple[int, int, dict[str, Any]]:
+    """(syncs, device ops, answer) of one path on the counting device; inputs are not counted."""
+    with counting_device() as xp:
+        inputs = workload.make_inputs(xp, params)
+        with sync.count_syncs() as counter:
+            answer = workload.run(path, xp, params, inputs)
+    return counter.count, counter.device_ops, answer
+
+
+# ---- timing on the real backend ------------------------------------------------------------
+
+
+@dataclass
+class PathResult:
+    """Counts (counting device) and times (selected backend) of one path of one workload."""
+
+    syncs: int
+    device_ops: int
+    times_s: list[float]
+    median_s: float
+    #: syncs gpuscalar itself counted on the selected backend (the float path's reads of
+    #: plain arrays never pass through gpuscalar, so this is 0 there)
+    gpuscalar_syncs_on_backend: int
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    description: str
+    params: dict[str, Any]
+    host_values_needed: int
+    host_values_reason: str
+    float: PathResult
+    gpuscalar: PathResult
+    #: answer key -> largest absolute difference between the two paths' answers (backend run)
+    max_difference: dict[str, float]
+
+    @property
+    def time_ratio(self) -> float:
+        """Float-path median time over gpuscalar median time (> 1: gpuscalar is faster)."""
+        return self.float.median_s / self.gpuscalar.median_s
+
+
+def _settle(answer: dict[str, Any]) -> None:
+    """Wait for the answer's device work: read one reduction of its first array, if any.
+
+    Each timed run ends with this read so that a GPU's queued kernels are inside the timing;
+    on NumPy it costs one tiny reduction, the same for both paths.
+    """
+    for value in answer.values():
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, GPUScalar):
+                float(item)
+                return
+            if backend_module.backend_of(item) is not None:
+                float(device_sum(item))
+                return
+
+
+def _time_path(workload: Workload, path: str, xp: ModuleType, params: dict[str, Any],
+               repeats: int) -> tuple[list[float], int, dict[str, Any]]:
+    inputs = workload.make_inputs(xp, params)
+    _settle(inputs)
+    times, syncs, answer = [], 0, {}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with sync.count_syncs() as counter:
+            answer = workload.run(path, xp, params, inputs)
+        _settle(answer)
+        times.append(time.perf_counter() - start)
+        syncs = counter.count
+    return times, syncs, answer
+
+
+def measure(workload: Workload, backend: backend_module.Backend, size: str = "default",
+            repeats: int = 5) -> WorkloadResult:
+    """Count and time both paths of ``workload`` at ``size`` on ``backend``."""
+    if type(repeats) is not int or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    params = workload.params(size)
+    xp = backend.xp
+    paths, answers = {}, {}
+    for path in PATHS:
+        syncs, ops, _ = count_path(workload, path, params)
+        times, backend_syncs, answers[path] = _time_path(workload, path, xp, params, repeats)
+        paths[path] = PathResult(syncs, ops, times, statistics.median(times), backend_syncs)
+    differences = {
+        key: max_difference(answers["float"][key], answers["gpuscalar"][key])
+        for key in answers["float"]
+    }
+    return WorkloadResult(
+        name=workload.name,
+        description=workload.description,
+        params=params,
+        host_values_needed=workload.host_values_needed(params),
+        host_values_reason=workload.host_values_reason,
+        float=paths["float"],
+        gpuscalar=paths["gpuscalar"],
+        max_difference=differences,
+    )
+
+
+def max_difference(a: Any, b: Any) -> float:
+    """Largest absolute difference between two answers' values (floats, lists or arrays of
+    one backend), computed on the device and read once."""
+    if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float)):
+        return max(max_difference(x, y) for x, y in zip(a, b, strict=True))
+    if backend_module.backend_of(a) is None and backend_module.backend_of(b) is None:
+        return float(np.max(np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))))
+    backend = backend_module.backend_of(a) or backend_module.backend_of(b)
+    xp = backend.xp
+    a, b = xp.asarray(a), xp.asarray(b)
+    return float(device_max(xp.abs(a - b)))
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "gpuscalar": __version__}
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        versions["cupy"] = cupy.__version__
+    return versions
+
+
+def _format_time(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def format_table(results: Sequence[WorkloadResult]) -> str:
+    """The one table: counts float -> gpuscalar, median times and their ratio."""
+    header = ("workload", "syncs", "device ops", "time float", "time gpuscalar", "ratio")
+    rows = [header]
+    for r in results:
+        rows.append((
+            r.name,
+            f"{r.float.syncs} -> {r.gpuscalar.syncs}",
+            f"{r.float.device_ops} -> {r.gpuscalar.device_ops}",
+            _format_time(r.float.median_s),
+            _format_time(r.gpuscalar.median_s),
+            f"{r.time_ratio:.2f}x",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuscalar bench",
+        description="Run the workloads, float path vs gpuscalar path, and print one table: "
+        "syncs and device ops (counted), median times and the ratio float/gpuscalar.",
+    )
+    parser.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                        help="array backend for the timings (default: cupy with a GPU, "
+                        "else numpy)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the numbers, date, device and versions to FILE")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and 3 repeats (a few seconds)")
+    parser.add_argument("--workload", action="append", choices=tuple(WORKLOADS), default=None,
+                        help="run only this workload (repeatable)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``gpuscalar bench``; returns the exit status (2 for bad usage)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse already printed a one-line reason
+        return int(exit_.code or 0)
+    if args.backend == "cupy":
+        if not backend_module.gpu_available():
+            print("gpuscalar bench: --backend cupy needs CuPy and a CUDA device, and none was "
+                  "found; use --backend numpy", file=sys.stderr)
+            return 2
+        backend = backend_module.get_backend("cupy")
+    elif args.backend == "numpy":
+        backend = backend_module.NUMPY
+    else:
+        backend = backend_module.default_backend()
+    size, repeats = ("quick", 3) if args.quick else ("default", 5)
+    names = args.workload or list(WORKLOADS)
+    results = [measure(get_workload(name), backend, size, repeats) for name in names]
+    device = backend_module.describe(backend)
+    print(f"gpuscalar bench: {backend.name} backend, {device}, {size} sizes, median of "
+          f"{repeats} runs")
+    print(format_table(results))
+    print("syncs and device ops: counted on the counting device (the same on any backend); "
+          "ratio = float time / gpuscalar time")
+    if args.json:
+        report = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "backend": backend.name,
+            "device": device,
+            "versions": _versions(),
+            "size": size,
+            "repeats": repeats,
+            "workloads": [
+                {**asdict(r), "time_ratio": r.time_ratio} for r in results
+            ],
+        }
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+        print(f"wrote {args.json}")
+    return 0

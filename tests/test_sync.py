@@ -1,0 +1,550 @@
+"""sync.py: the sync contract, device-op counts, reports, warnings, the env default, CuPy hook."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar import sync
+from gpuscalar.backend import NUMPY, get_backend
+
+from .fakedevice import FAKE, fake_backend_installed, on_device
+
+
+def _next_line() -> int:
+    """The line number of the caller's next line (where the sync under test happens)."""
+    return inspect.currentframe().f_back.f_lineno + 1
+
+
+# ---- the core contract ----------------------------------------------------------------------
+def test_a_read_is_one_sync_and_a_second_read_none(xp):
+    s = gs.sum(xp.arange(4.0))
+    with gs.count_syncs() as counter:
+        assert float(s) == 6.0
+        assert counter.count == 1
+        assert s.is_materialized
+        assert s.item() == 6.0 and str(s) == "6.0" and bool(s)
+    assert counter.count == 1
+    assert [r.reason for r in counter.records] == ["float"]
+
+
+def test_total_syncs_counts_every_read_in_the_process():
+    before = gs.total_syncs()
+    float(gs.sum(np.ones(3)))
+    int(gs.sum(np.ones(3, dtype=np.int64)))
+    assert gs.total_syncs() == before + 2
+
+
+def test_error_guard_raises_before_the_transfer_and_leaves_the_scalar_unread():
+    s = gs.sum(np.ones(3))
+    before = gs.total_syncs()
+    with gs.count_syncs() as counter, gs.sync_guard("error"):
+        line = _next_line()
+        with pytest.raises(gs.SyncError) as info:
+            float(s)
+    assert isinstance(info.value, RuntimeError)
+    assert not s.is_materialized
+    assert counter.count == 0 and gs.total_syncs() == before
+    message = str(info.value)
+    assert "(float)" in message and f"{__file__}:{line + 1}" in message
+    assert float(s) == 3.0  # outside the guard the value is still readable
+
+
+def test_error_guard_does_not_call_the_backend_read(monkeypatch):
+    calls = []
+    monkeypatch.setattr(NUMPY, "read_scalar", lambda array: calls.append(array) or 0.0)
+    s = gs.sum(np.ones(3))
+    with gs.sync_guard("error"), pytest.raises(gs.SyncError):
+        bool(s)
+    assert calls == []
+
+
+def test_guards_nest_and_restore():
+    default = sync._guard_mode.get()
+    s, t = gs.sum(np.ones(2)), gs.sum(np.ones(3))
+    with gs.sync_guard("error"):
+        with gs.sync_guard("allow"):
+            assert float(s) == 2.0
+            assert sync._guard_mode.get() == "allow"
+        assert sync._guard_mode.get() == "error"
+        with pytest.raises(gs.SyncError):
+            float(t)
+    assert sync._guard_mode.get() == default
+    assert float(t) == 3.0
+
+
+def test_guard_restored_when_the_block_raises():
+    default = sync._guard_mode.get()
+    with pytest.raises(KeyError), gs.sync_guard("error"):
+        raise KeyError("x")
+    assert sync._guard_mode.get() == default
+
+
+@pytest.mark.parametrize("mode", ["never", "", "ERROR", None, 1])
+def test_guard_rejects_unknown_modes(mode):
+    with pytest.raises(ValueError, match="allow"):
+        with gs.sync_guard(mode):
+            pass  # pragma: no cover - not reached
+
+
+def test_guards_and_counters_are_per_thread():
+    seen: dict[str, object] = {}
+
+    def worker():
+        s = gs.sum(np.ones(5))
+        seen["mode"] = sync._guard_mode.get()
+        seen["counters"] = sync._active_counters.get()
+        with gs.count_syncs() as own:
+            seen["value"] = float(s)  # allowed here although the main thread forbids syncs
+        seen["own"] = own.count
+
+    s = gs.sum(np.ones(2))
+    with gs.count_syncs() as main_counter, gs.sync_guard("error"):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        with pytest.raises(gs.SyncError):
+            float(s)
+    assert seen == {"mode": sync._DEFAULT_MODE, "counters": (), "value": 5.0, "own": 1}
+    assert main_counter.count == 0
+
+
+def test_nested_counters_outer_sees_inner():
+    x = np.arange(3.0)
+    with gs.count_syncs() as outer:
+        float(gs.sum(x))
+        with gs.count_syncs() as inner:
+            float(gs.mean(x))
+            float(gs.max(x))
+        float(gs.min(x))
+    assert inner.count == 2 and inner.device_ops == 2
+    assert outer.count == 4 and outer.device_ops == 4
+    assert [r.reason for r in outer.records] == ["float"] * 4
+
+
+def test_counter_deactivated_when_the_block_raises():
+    with pytest.raises(ZeroDivisionError), gs.count_syncs():
+        1 / 0  # noqa: B018
+    assert sync._active_counters.get() == ()
+
+
+def _read_in_helper(s):
+    return bool(s)  # a sync in a user function: recorded here
+
+
+def test_records_point_at_the_users_frame():
+    s = gs.sum(np.ones(3))
+    with gs.count_syncs() as counter:
+        line = _next_line()
+        f"{s:.2f}"  # noqa: B018
+        _read_in_helper(s > 1)
+    first, second = counter.records
+    assert (first.reason, first.filename, first.lineno, first.function) == (
+        "format",
+        __file__,
+        line,
+        "test_records_point_at_the_users_frame",
+    )
+    helper_line = inspect.getsourcelines(_read_in_helper)[1] + 1
+    assert (second.reason, second.lineno, second.function) == (
+        "bool",
+        helper_line,
+        "_read_in_helper",
+    )
+    assert first.site == f"{__file__}:{line}"
+    assert not any(r.filename.startswith(sync._PACKAGE_DIR) for r in counter.records)
+
+
+def test_caller_site_is_the_first_frame_outside_gpuscalar():
+    line = _next_line()
+    assert sync.caller_site() == (
+        __file__,
+        line,
+        "test_caller_site_is_the_first_frame_outside_gpuscalar",
+    )
+
+
+# ---- device-op counts --------------------------------------------------------------------
+def test_device_op_counts_for_known_chains(xp):
+    x = xp.arange(6.0)
+    s, t = gs.sum(x), gs.sum(x) + 1
+    with gs.count_syncs() as counter:
+        r = (s * 2 + 1) / t
+    assert (counter.device_ops, counter.count) == (3, 0)
+    with gs.count_syncs() as counter:
+        gs.sum(x)
+    assert (counter.device_ops, counter.count) == (1, 0)
+    with gs.count_syncs() as counter:
+        float(r)
+    assert (counter.device_ops, counter.count) == (0, 1)
+    with gs.count_syncs() as counter:
+        -gs.sqrt(r)
+        abs(s)
+        s < t  # noqa: B015
+    assert (counter.device_ops, counter.count) == (4, 0)
+
+
+def test_backend_call_is_the_counted_dispatch_point():
+    backend = get_backend("numpy")
+    with gs.count_syncs() as outer, gs.count_syncs() as inner:
+        assert backend.call(np.add, 1, 2) == 3
+        sync.note_device_op()
+    assert outer.device_ops == inner.device_ops == 2
+    assert outer.count == 0
+
+
+def test_device_ops_are_not_counted_without_a_counter():
+    with gs.count_syncs() as counter:
+        pass
+    gs.sum(np.ones(3)) * 2  # noqa: B018
+    assert counter.device_ops == 0
+
+
+# ---- reports -----------------------------------------------------------------------------
+def _three_sites():
+    s = gs.sum(np.ones(4))
+    with gs.count_syncs() as counter:
+        for _ in range(3):
+            bool(s > 0)  # three bool syncs on one line
+        line_bool = _next_line() - 2
+        float(gs.sum(np.ones(2)))
+        line_float = _next_line() - 2
+    return counter, line_bool, line_float
+
+
+def test_sites_group_by_line_function_reason_most_frequent_first():
+    counter, line_bool, line_float = _three_sites()
+    sites = counter.sites()
+    assert [(s.lineno, s.reason, s.count, s.function) for s in sites] == [
+        (line_bool, "bool", 3, "_three_sites"),
+        (line_float, "float", 1, "_three_sites"),
+    ]
+    assert sites[0].site == f"{__file__}:{line_bool}"
+
+
+def test_report_is_a_table_by_call_site():
+    counter, line_bool, line_float = _three_sites()
+    text = counter.report()
+    lines = text.splitlines()
+    assert lines[0] == f"gpuscalar: 4 syncs, {counter.device_ops} device ops"
+    assert lines[1].split() == ["count", "site", "function", "reason"]
+    short = os.path.relpath(__file__)
+    assert lines[2].split() == ["3", f"{short}:{line_bool}", "_three_sites", "bool"]
+    assert lines[3].split() == ["1", f"{short}:{line_float}", "_three_sites", "float"]
+    assert len(lines) == 4
+    limited = counter.report(limit=1).splitlines()
+    assert limited[2].split()[0] == "3"
+    assert limited[3].strip() == "... 1 more sites, 1 syncs"
+    with pytest.raises(ValueError, match="limit"):
+        counter.report(limit=-1)
+
+
+def test_report_of_an_empty_counter():
+    with gs.count_syncs() as counter:
+        pass
+    assert counter.report() == "gpuscalar: 0 syncs, 0 device ops"
+    assert counter.to_dict() == {"count": 0, "device_ops": 0, "sites": [], "records": []}
+
+
+def test_to_dict_is_json_ready():
+    counter, line_bool, line_float = _three_sites()
+    data = json.loads(json.dumps(counter.to_dict()))
+    assert data["count"] == 4 and data["device_ops"] == counter.device_ops
+    assert data["sites"] == [
+        {
+            "file": __file__,
+            "line": line_bool,
+            "function": "_three_sites",
+            "reason": "bool",
+            "count": 3,
+        },
+        {
+            "file": __file__,
+            "line": line_float,
+            "function": "_three_sites",
+            "reason": "float",
+            "count": 1,
+        },
+    ]
+    assert data["records"][0] == {
+        "reason": "bool",
+        "filename": __file__,
+        "lineno": line_bool,
+        "function": "_three_sites",
+    }
+    assert len(data["records"]) == 4
+
+
+# ---- warnings and the program-wide default -----------------------------------------------
+def test_warn_guard_warns_at_the_users_line_and_still_reads():
+    s = gs.sum(np.ones(3))
+    with gs.count_syncs() as counter, gs.sync_guard("warn"):
+        with pytest.warns(gs.SyncWarning) as caught:
+            line = _next_line()
+            value = float(s)
+    assert value == 3.0 and counter.count == 1
+    (warning,) = caught.list
+    assert issubclass(warning.category, UserWarning)
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert "(float)" in str(warning.message) and f"{__file__}:{line}" in str(warning.message)
+
+
+def test_warning_turned_into_an_error_stops_before_the_transfer():
+    s = gs.sum(np.ones(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gs.SyncWarning)
+        with gs.count_syncs() as counter, gs.sync_guard("warn"):
+            with pytest.raises(gs.SyncWarning):
+                bool(s)
+    assert not s.is_materialized and counter.count == 0
+
+
+def _run_python(code: str, guard: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != sync.GUARD_ENV_VAR}
+    if guard is not None:
+        env[sync.GUARD_ENV_VAR] = guard
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+_ENV_PROBE = """
+    import warnings
+    import numpy as np
+    import gpuscalar as gs
+    warnings.simplefilter("always")
+    s = gs.sum(np.ones(3))
+    try:
+        print("value", float(s))
+    except gs.SyncError as exc:
+        print("SyncError", exc)
+    with gs.sync_guard("allow"):
+        print("allowed", float(gs.sum(np.ones(2))))
+"""
+
+
+@pytest.mark.parametrize(
+    ("guard", "expected_out", "expected_err"),
+    [
+        (None, ["value 3.0", "allowed 2.0"], ""),
+        (
+            " Warn ",
+            ["value 3.0", "allowed 2.0"],
+            "SyncWarning: device->host sync (float) at <string>:8",
+        ),
+        (
+            "error",
+            ["SyncError device->host sync (float) at <string>:8 in <module>()", "allowed 2.0"],
+            "",
+        ),
+    ],
+)
+def test_env_var_sets_the_default_guard_for_a_program(guard, expected_out, expected_err):
+    done = _run_python(_ENV_PROBE, guard)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert [line.split(" under")[0] for line in out] == expected_out
+    assert expected_err in done.stderr
+    if not expected_err:
+        assert "SyncWarning" not in done.stderr
+
+
+def test_env_var_with_an_invalid_value_fails_at_import():
+    done = _run_python("import gpuscalar", "sometimes")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError:")
+    assert sync.GUARD_ENV_VAR in last and "'sometimes'" in last
+    assert all(mode in last for mode in ("allow", "warn", "error"))
+
+
+# ---- CuPy's own syncs --------------------------------------------------------------------
+@pytest.fixture
+def syncdetect(tmp_path, monkeypatch):
+    """CuPy's syncdetect module (CuPy imports without a device); a stand-in where CuPy is absent.
+
+    Calling its ``_declare_synchronize()`` is what CuPy's ``ndarray.get()`` does before a copy.
+    """
+    try:
+        return importlib.import_module("cupy._core.syncdetect")
+    except ImportError:
+        module = types.ModuleType("cupy._core.syncdetect")
+        module.__file__ = str(tmp_path / "cupy" / "_core" / "syncdetect.py")
+        module._declare_synchronize = lambda: None
+        monkeypatch.setitem(sys.modules, "cupy._core.syncdetect", module)
+        return module
+
+
+@pytest.fixture
+def spy(syncdetect, monkeypatch):
+    """Replace CuPy's function by a call counter, so tests see the wrapper call through."""
+    calls: list[int] = []
+    monkeypatch.setattr(syncdetect, "_declare_synchronize", lambda: calls.append(1))
+    return calls
+
+
+def test_cupy_syncs_counted_and_function_restored(syncdetect, spy):
+    original = syncdetect._declare_synchronize
+    with gs.count_syncs(include_cupy=True) as counter:
+        assert syncdetect._declare_synchronize is not original
+        line = _next_line()
+        syncdetect._declare_synchronize()
+        syncdetect._declare_synchronize()
+    assert syncdetect._declare_synchronize is original
+    assert spy == [1, 1]  # CuPy's own function still runs (its allow_synchronize check)
+    assert counter.count == 2 and counter.device_ops == 0
+    record = counter.records[0]
+    assert (record.reason, record.filename, record.lineno, record.function) == (
+        "cupy",
+        __file__,
+        line,
+        "test_cupy_syncs_counted_and_function_restored",
+    )
+    assert sync._cupy_hook_users == 0
+
+
+def test_cupy_syncs_not_counted_by_other_counters(syncdetect, spy):
+    with gs.count_syncs() as plain:
+        syncdetect._declare_synchronize()
+        with gs.count_syncs(include_cupy=True) as with_cupy:
+            syncdetect._declare_synchronize()
+            float(gs.sum(np.ones(2)))
+    assert [r.reason for r in with_cupy.records] == ["cupy", "float"]
+    assert [r.reason for r in plain.records] == ["float"]
+    assert spy == [1, 1]
+
+
+def test_cupy_hook_nests(syncdetect, spy):
+    original = syncdetect._declare_synchronize
+    with gs.count_syncs(include_cupy=True) as outer:
+        wrapper = syncdetect._declare_synchronize
+        with gs.count_syncs(include_cupy=True) as inner:
+            assert syncdetect._declare_synchronize is wrapper  # installed once
+            syncdetect._declare_synchronize()
+        assert syncdetect._declare_synchronize is wrapper  # still needed by `outer`
+        syncdetect._declare_synchronize()
+    assert syncdetect._declare_synchronize is original
+    assert (outer.count, inner.count) == (2, 1)
+
+
+def test_cupy_hook_records_into_the_calling_threads_counters(syncdetect, spy):
+    original = syncdetect._declare_synchronize
+    entered, release = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def worker():
+        with gs.count_syncs(include_cupy=True) as counter:
+            syncdetect._declare_synchronize()
+            entered.set()
+            release.wait(10)
+            syncdetect._declare_synchronize()
+        results["worker"] = counter.count
+
+    def bystander():  # no counter in this thread: its CuPy syncs are nobody's
+        syncdetect._declare_synchronize()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert entered.wait(10)
+    with gs.count_syncs(include_cupy=True) as main_counter:
+        syncdetect._declare_synchronize()
+        other = threading.Thread(target=bystander)
+        other.start()
+        other.join()
+        release.set()
+        thread.join()
+        assert syncdetect._declare_synchronize is not original  # main still counts
+    assert syncdetect._declare_synchronize is original
+    assert results["worker"] == 2 and main_counter.count == 1
+    assert len(spy) == 4
+
+
+def test_cupy_hook_reference_count_is_thread_safe(syncdetect, spy):
+    original = syncdetect._declare_synchronize
+    counts: list[int] = []
+
+    def worker():
+        for _ in range(50):
+            with gs.count_syncs(include_cupy=True) as counter:
+                syncdetect._declare_synchronize()
+            counts.append(counter.count)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counts == [1] * 400
+    assert syncdetect._declare_synchronize is original and sync._cupy_hook_users == 0
+
+
+def test_a_gpuscalar_read_that_goes_through_cupy_is_counted_once(syncdetect, spy, monkeypatch):
+    read = FAKE.read_scalar
+
+    def read_like_cupy(array):
+        sys.modules["cupy._core.syncdetect"]._declare_synchronize()  # as ndarray.get() does
+        return read(array)
+
+    monkeypatch.setattr(FAKE, "read_scalar", read_like_cupy)
+    with fake_backend_installed():
+        s = gs.GPUScalar(on_device(4.0))
+        with gs.count_syncs(include_cupy=True) as counter:
+            assert float(s) == 4.0
+            syncdetect._declare_synchronize()  # a CuPy sync of the user's own
+    assert spy == [1, 1]
+    assert [r.reason for r in counter.records] == ["float", "cupy"]
+
+
+def test_cupy_sync_obeys_the_guard(syncdetect, spy):
+    with gs.count_syncs(include_cupy=True) as counter, gs.sync_guard("error"):
+        line = _next_line()
+        with pytest.raises(gs.SyncError, match=rf"\(cupy\) at .*test_sync.py:{line + 1}"):
+            syncdetect._declare_synchronize()
+    assert spy == [] and counter.count == 0
+
+
+def test_cupy_sync_site_skips_cupy_frames(syncdetect, spy):
+    cupy_dirs = sync._cupy_dirs(syncdetect)
+    assert cupy_dirs, "syncdetect should live in a 'cupy' package directory"
+    namespace: dict[str, object] = {}
+    # A function "inside CuPy" (like cupy.asnumpy) that declares a sync for its caller.
+    fake_file = os.path.join(cupy_dirs[0], "_fake_asnumpy.py")
+    exec(compile("def asnumpy(sd):\n    sd._declare_synchronize()\n", fake_file, "exec"), namespace)
+    with gs.count_syncs(include_cupy=True) as counter:
+        line = _next_line()
+        namespace["asnumpy"](syncdetect)
+    assert counter.records[0].site == f"{__file__}:{line}"
+
+
+def test_include_cupy_without_cupy_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy._core.syncdetect", None)  # import fails
+    with pytest.raises(ImportError, match=r"include_cupy=True\) needs CuPy"):
+        with gs.count_syncs(include_cupy=True):
+            pass  # pragma: no cover - not reached
+    assert sync._active_counters.get() == () and sync._cupy_hook_users == 0
+    with gs.count_syncs() as counter:  # the plain counter is unaffected
+        float(gs.sum(np.ones(1)))
+    assert counter.count == 1
+
+
+@pytest.mark.parametrize("flag", [1, "yes", None])
+def test_include_cupy_must_be_a_bool(flag):
+    with pytest.raises(TypeError, match="include_cupy"):
+        with gs.count_syncs(include_cupy=flag):
+            pass  # pragma: no cover - not reached
