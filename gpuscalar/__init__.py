@@ -4,7 +4,9 @@ The public API, re-exported from the modules that implement it (see README, "Arc
 Importing gpuscalar never imports CuPy.
 """
 
+from . import ad, optim
 from .backend import Backend, default_backend, get_backend, gpu_available
+from .optim import all_finite, clip_grad_norm
 from .promote import Rule
 from .reduce import (
     all,
@@ -46,6 +48,7 @@ from .sync import (
     SyncCounter,
     SyncError,
     SyncRecord,
+    SyncSite,
     SyncWarning,
     count_syncs,
     sync_guard,
@@ -61,13 +64,17 @@ __all__ = [
     "SyncCounter",
     "SyncError",
     "SyncRecord",
+    "SyncSite",
     "SyncWarning",
     "__version__",
     "abs",
+    "ad",
     "all",
+    "all_finite",
     "any",
     "asscalar",
     "clip",
+    "clip_grad_norm",
     "count_nonzero",
     "count_syncs",
     "default_backend",
@@ -89,6 +96,7 @@ __all__ = [
     "min",
     "minimum",
     "norm",
+    "optim",
     "prod",
     "sign",
     "sqrt",

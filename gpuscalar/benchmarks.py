@@ -42,7 +42,17 @@ from .reduce import sum as device_sum
 from .scalar import GPUScalar
 from .workloads import PATHS, WORKLOADS, Workload, get_workload
 
-__all__ = ["PathResult", "WorkloadResult", "counting_device", "count_path", "measure", "main"]
+__all__ = [
+    "PathResult",
+    "WorkloadResult",
+    "counting_device",
+    "count_path",
+    "settle",
+    "measure",
+    "max_difference",
+    "format_table",
+    "main",
+]
 
 # ---- the counting device -------------------------------------------------------------------
 
@@ -50,10 +60,11 @@ _depth = threading.local()
 
 
 @contextlib.contextmanager
-def _op() -> Iterator[None]:
-    """One array-library call: counted as a device op when it is the outermost one."""
+def _op(count: bool = True) -> Iterator[None]:
+    """One array-library call: counted as a device op when it is the outermost one. Calls
+    inside it (NumPy's implementation calling other NumPy functions) are not counted again."""
     depth = getattr(_depth, "value", 0)
-    if depth == 0:
+    if depth == 0 and count:
         sync.note_device_op()
     _depth.value = depth + 1
     try:
@@ -108,7 +119,7 @@ class _CountingArray(np.ndarray):
 
     def _read(self, reason: str) -> Any:
         if _inside_op():  # NumPy's own implementation reading a value: not the user's sync
-            return np.ndarray.item(self)
+            return self.view(np.ndarray)[()]
         if self.ndim != 0:
             raise TypeError(
                 f"the counting device reads 0-d arrays only, got shape {self.shape} ({reason})"
@@ -178,6 +189,22 @@ class _CountingNamespace:
         return counted
 
 
+class _QuietUfunc:
+    """A ufunc for gpuscalar's hot path, which counts the op itself before calling it."""
+
+    __slots__ = ("_ufunc",)
+
+    def __init__(self, ufunc: np.ufunc) -> None:
+        self._ufunc = ufunc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _op(count=False):
+            return _lift(self._ufunc(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ufunc, name)
+
+
 class _CountingBackend(backend_module.Backend):
     name = "counting"
     ufunc_array_kwargs = {"out": ...}
@@ -196,13 +223,19 @@ class _CountingBackend(backend_module.Backend):
         return "counting"
 
     def read_scalar(self, array: Any) -> Any:
-        return np.ndarray.item(array)
+        # host memory already: a NumPy scalar of the 0-d array, no transfer involved
+        return array.view(np.ndarray)[()]
 
     def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)  # the arrays count their own ops, once
+        with _op():  # gpuscalar's op: counted once, whatever the arrays do inside it
+            return _lift(func(*args, **kwargs))
+
+    def ufunc(self, name: str) -> Any:
+        # gpuscalar counts these itself (Backend.call or its inlined hot path)
+        return _QuietUfunc(getattr(np, name))
 
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
-        return self.xp.linalg.vector_norm(x, ord=ord, axis=axis, keepdims=keepdims)
+        return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
 
 
 COUNTING = _CountingBackend()
@@ -263,7 +296,7 @@ class WorkloadResult:
         return self.float.median_s / self.gpuscalar.median_s
 
 
-def _settle(answer: dict[str, Any]) -> None:
+def settle(answer: dict[str, Any]) -> None:
     """Wait for the answer's device work: read one reduction of its first array, if any.
 
     Each timed run ends with this read so that a GPU's queued kernels are inside the timing;
@@ -283,13 +316,13 @@ def _settle(answer: dict[str, Any]) -> None:
 def _time_path(workload: Workload, path: str, xp: ModuleType, params: dict[str, Any],
                repeats: int) -> tuple[list[float], int, dict[str, Any]]:
     inputs = workload.make_inputs(xp, params)
-    _settle(inputs)
+    settle(inputs)
     times, syncs, answer = [], 0, {}
     for _ in range(repeats):
         start = time.perf_counter()
         with sync.count_syncs() as counter:
             answer = workload.run(path, xp, params, inputs)
-        _settle(answer)
+        settle(answer)
         times.append(time.perf_counter() - start)
         syncs = counter.count
     return times, syncs, answer
@@ -372,7 +405,8 @@ def format_table(results: Sequence[WorkloadResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = []
     for k, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        cells = [row[0].ljust(widths[0])]
+        cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells))
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -391,7 +425,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="also write the numbers, date, device and versions to FILE")
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes and 3 repeats (a few seconds)")
+                        help="small sizes and 5 repeats (a few seconds)")
     parser.add_argument("--workload", action="append", choices=tuple(WORKLOADS), default=None,
                         help="run only this workload (repeatable)")
     return parser
@@ -414,7 +448,15 @@ def main(argv: list[str]) -> int:
         backend = backend_module.NUMPY
     else:
         backend = backend_module.default_backend()
-    size, repeats = ("quick", 3) if args.quick else ("default", 5)
+    if args.json:
+        try:
+            with open(args.json, "a", encoding="utf-8"):
+                pass  # fail now, not after the run
+        except OSError as error:
+            print(f"gpuscalar bench: cannot write --json {args.json!r}: {error.strerror}",
+                  file=sys.stderr)
+            return 2
+    size, repeats = ("quick", 5) if args.quick else ("default", 7)
     names = args.workload or list(WORKLOADS)
     results = [measure(get_workload(name), backend, size, repeats) for name in names]
     device = backend_module.describe(backend)

@@ -336,8 +336,11 @@ def _hyper(
             )
         if backend.multi_device and value.device != device:
             raise ValueError(f"{name} is on device {value.device!r} but the arrays on {device!r}")
-        if value.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must be a real number, got a GPUScalar of dtype {value.dtype}")
+        if value.dtype.kind not in "fiu" or value.dtype.name not in POINTER_CTYPES:
+            raise TypeError(
+                f"{name} must be a real number, got a GPUScalar of dtype {value.dtype} (the "
+                "kernels read float32/float64/int32/int64/uint32/uint64 scalars)"
+            )
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number or GPUScalar, got {type(value).__name__}")

@@ -68,6 +68,7 @@ def sync_counter(request: pytest.FixtureRequest) -> sync.SyncCounter:
 
 def _max_syncs(item: pytest.Item) -> int | None:
     """The limit of the closest ``max_syncs`` marker, validated; None when unmarked."""
+    __tracebackhide__ = True  # a bad marker is the user's error: show the message, not us
     marker = item.get_closest_marker("max_syncs")
     if marker is None:
         return None
@@ -89,7 +90,9 @@ def _max_syncs(item: pytest.Item) -> int | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    __tracebackhide__ = True  # while validating the marker (see `_max_syncs`)
     limit = _max_syncs(item)
+    __tracebackhide__ = False
     counter = item.stash.get(_COUNTER_KEY, None)
     session = item.config.stash.get(_SESSION_KEY, None)
     if counter is None and limit is None and session is None:

@@ -154,8 +154,9 @@ class GPUScalar:
         try:
             return self._host
         except AttributeError:
-            host = self._host = sync.to_host(self._backend, _array_of(self), reason)
-            return host
+            pass  # not read yet; the transfer happens outside the handler (clean tracebacks)
+        host = self._host = sync.to_host(self._backend, _array_of(self), reason)
+        return host
 
     def item(self) -> Any:
         """The value as a Python scalar (one sync the first time, cached)."""
@@ -411,8 +412,11 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             args.append(op)
             stand_ins.append(op.dtype)
     out = kwargs.get("out")
-    if out is not None and any(type(o) in _SCALAR_CLASSES for o in out):
-        raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
+    if out is not None:
+        out = out if isinstance(out, tuple) else (out,)
+        if any(type(o) in _SCALAR_CLASSES for o in out):
+            raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
+        kwargs["out"] = out[0] if len(out) == 1 else out  # CuPy takes a single array
     if "dtype" not in kwargs and "signature" not in kwargs and "casting" not in kwargs:
         signature = promote.parity_signature(name, tuple(stand_ins))
         if out is not None:

@@ -262,7 +262,7 @@ def caller_site() -> tuple[str, int, str]:
 
 # ---- guards and counters ------------------------------------------------------------------
 @contextlib.contextmanager
-def count_syncs(include_cupy: bool = False) -> Iterator[SyncCounter]:
+def count_syncs(*, include_cupy: bool = False) -> Iterator[SyncCounter]:
     """Count the syncs and device ops made inside the block. Nests: outer counters see all.
 
     With ``include_cupy=True`` the counter also records the syncs that CuPy's own code makes

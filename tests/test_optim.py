@@ -373,6 +373,7 @@ def _adam_args():
         ({"lr": -1e-3}, ValueError, "lr must be >= 0"),
         ({"lr": "0.1"}, TypeError, "lr must be a real number"),
         ({"lr": gs.asscalar(True)}, TypeError, "lr must be a real number, got a GPUScalar"),
+        ({"lr": gs.asscalar(np.float16(0.1))}, TypeError, "GPUScalar of dtype float16"),
         ({"betas": (1.0, 0.999)}, ValueError, r"betas\[0\] must be in \[0.0, 1.0\)"),
         ({"betas": (0.9, -0.1)}, ValueError, r"betas\[1\] must be >= 0"),
         ({"betas": 0.9}, TypeError, "betas must be a pair"),
@@ -470,3 +471,33 @@ def test_numpy_and_kernel_paths_share_one_description():
     np.testing.assert_array_equal(p, 0.5)
     source, _ = optim.kernel_source(halved, "float64", [None, None], False)
     assert "const T p = param - lr * g / 2;" in source
+
+
+def test_sgd_with_device_hyperparameters_never_syncs(rng):
+    ref = rng.standard_normal(6)
+    opt = optim.SGD([ref.astype(np.float32)], lr=gs.asscalar(0.05), momentum=gs.asscalar(0.9),
+                    dampening=gs.asscalar(0.1), weight_decay=gs.asscalar(0.01))
+    p = ref.astype(np.float32)
+    buf = None
+    grads = [rng.standard_normal(6).astype(np.float32) for _ in range(STEPS)]
+    with gs.count_syncs() as counter:
+        for g in grads:
+            opt.step([g], skip_if=~optim.all_finite([g]))
+            buf = optim.sgd_step(p, g, buf, lr=gs.asscalar(0.05), momentum=gs.asscalar(0.9),
+                                 dampening=0.1, weight_decay=0.01)
+    assert counter.count == 0
+    buf64 = None
+    for g in grads:
+        ref, buf64 = ref_sgd(ref, g, buf64, 0.05, 0.9, 0.1, 0.01, False)
+    close(opt.params[0], ref)
+    close(p, ref)
+
+
+def test_skip_if_costs_one_extra_op_per_step(rng):
+    opt = optim.Adam([rng.standard_normal(3), rng.standard_normal(2).astype(np.float32)])
+    flag = gs.asscalar(False)
+    with gs.count_syncs() as plain:
+        opt.step(opt.grads)
+    with gs.count_syncs() as skipping:
+        opt.step(opt.grads, skip_if=flag)
+    assert (plain.device_ops, skipping.device_ops) == (3, 4)

@@ -368,3 +368,11 @@ def test_cupy_elementwise_override_passes_device_arrays_to_user_kernels():
         result = s.__cupy_override_elementwise_kernel__(user_kernel, x, s)
     assert counter.count == 0
     assert received[1] is s.array and result.tolist() == [0.0, 3.0, 6.0]
+
+
+def test_apply_ufunc_with_out_array_updates_in_place():
+    from gpuscalar.scalar import apply_ufunc
+
+    x = np.zeros(3, dtype=np.float32)
+    result = apply_ufunc("add", np.arange(3, dtype=np.float32), gs.asscalar(2.0), out=x)
+    assert result is x and x.tolist() == [2.0, 3.0, 4.0] and x.dtype == np.float32

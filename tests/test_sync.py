@@ -135,9 +135,10 @@ def test_nested_counters_outer_sees_inner():
 
 
 def test_counter_deactivated_when_the_block_raises():
+    before = sync._active_counters.get()
     with pytest.raises(ZeroDivisionError), gs.count_syncs():
         1 / 0  # noqa: B018
-    assert sync._active_counters.get() == ()
+    assert sync._active_counters.get() == before
 
 
 def _read_in_helper(s):
@@ -532,12 +533,14 @@ def test_cupy_sync_site_skips_cupy_frames(syncdetect, spy):
     assert counter.records[0].site == f"{__file__}:{line}"
 
 
-def test_include_cupy_without_cupy_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy._core.syncdetect", None)  # import fails
+def test_include_cupy_without_cupy_is_a_clear_error(syncdetect, monkeypatch):
+    # CuPy (if any) is fully imported by the fixture; now its syncdetect cannot be imported.
+    monkeypatch.setitem(sys.modules, "cupy._core.syncdetect", None)
+    before = sync._active_counters.get()
     with pytest.raises(ImportError, match=r"include_cupy=True\) needs CuPy"):
         with gs.count_syncs(include_cupy=True):
             pass  # pragma: no cover - not reached
-    assert sync._active_counters.get() == () and sync._cupy_hook_users == 0
+    assert sync._active_counters.get() == before and sync._cupy_hook_users == 0
     with gs.count_syncs() as counter:  # the plain counter is unaffected
         float(gs.sum(np.ones(1)))
     assert counter.count == 1

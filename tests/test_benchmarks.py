@@ -1,0 +1,172 @@
+"""The counting device, the measurements and the ``gpuscalar bench`` command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar import backend as backend_module
+from gpuscalar import benchmarks
+from gpuscalar.__main__ import main as cli_main
+from gpuscalar.workloads import WORKLOADS
+
+# ---- the counting device -----------------------------------------------------------------
+
+
+def test_counting_device_counts_host_reads_of_plain_array_code():
+    with benchmarks.counting_device() as xp:
+        x = xp.asarray(np.arange(4.0))
+        with gs.count_syncs() as counter:
+            total = x.sum()  # a 0-d device array, as on a GPU
+            assert total.shape == ()
+            value = float(total)
+            flag = bool(x.max() > 2.0)
+            step = int(x[1])
+    assert (value, flag, step) == (6.0, True, 1)
+    assert counter.count == 3
+    assert [r.reason for r in counter.records] == ["float", "bool", "int"]
+    assert all(r.filename == __file__ for r in counter.records)
+    assert counter.device_ops == 3  # sum, max, greater; indexing is a view
+
+
+def test_counting_device_counts_each_gpuscalar_op_once():
+    with benchmarks.counting_device() as xp:
+        y = xp.asarray(np.ones(4))
+        s = gs.mean(y)
+        with gs.count_syncs() as counter:
+            t = s + s  # inlined hot path
+            u = gs.sqrt(t)  # Backend.call
+            z = y * u  # promotion rule 1, one ufunc
+            norm = gs.global_norm([y, z])
+        assert counter.device_ops == 3 + 4  # global_norm: two norms, stack, norm
+        assert counter.count == 0
+        assert float(norm) == pytest.approx(np.sqrt(4 + 4 * 2.0))
+
+
+def test_counting_device_is_removed_after_the_block_even_on_error():
+    before = list(backend_module.BACKENDS)
+    with pytest.raises(RuntimeError, match="boom"), benchmarks.counting_device():
+        raise RuntimeError("boom")
+    assert backend_module.BACKENDS == before
+
+
+def test_counting_device_refuses_to_read_a_whole_array_as_a_sync():
+    with benchmarks.counting_device() as xp:
+        x = xp.asarray(np.ones(3))
+        with pytest.raises(TypeError, match=r"reads 0-d arrays only, got shape \(3,\)"):
+            x._read("float")
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_counts_gpuscalar_path_reads_at_most_what_the_host_needs(name):
+    workload = WORKLOADS[name]
+    params = workload.params("quick")
+    float_syncs, float_ops, _ = benchmarks.count_path(workload, "float", params)
+    gs_syncs, gs_ops, _ = benchmarks.count_path(workload, "gpuscalar", params)
+    assert gs_syncs <= workload.host_values_needed(params)
+    assert gs_syncs < float_syncs
+    assert float_ops > 0 and gs_ops > 0
+    # the counting device sees the same gpuscalar reads as gpuscalar itself on NumPy
+    with gs.count_syncs() as counter:
+        workload.run("gpuscalar", np, params)
+    assert counter.count == gs_syncs
+
+
+def test_float_path_sync_counts_follow_the_code():
+    p = WORKLOADS["train_logging"].params("quick")
+    assert benchmarks.count_path(WORKLOADS["train_logging"], "float", p)[0] == p["steps"]
+    p = WORKLOADS["clip_adam"].params("quick")
+    syncs = benchmarks.count_path(WORKLOADS["clip_adam"], "float", p)[0]
+    assert syncs == p["steps"] * len(p["shapes"])
+    p = WORKLOADS["broadcast_ad"].params("quick")
+    assert benchmarks.count_path(WORKLOADS["broadcast_ad"], "float", p)[0] == 2 * p["steps"]
+    p = WORKLOADS["jacobi"].params("quick")
+    syncs, _, answer = benchmarks.count_path(WORKLOADS["jacobi"], "float", p)
+    assert syncs == sum(answer["iterations"])  # one residual check per iteration
+    p = WORKLOADS["lr_schedule"].params("quick")
+    assert benchmarks.count_path(WORKLOADS["lr_schedule"], "float", p)[0] == p["steps"]
+
+
+# ---- measurements --------------------------------------------------------------------------
+
+
+def test_measure_reports_counts_times_and_agreement():
+    result = benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick", 2)
+    assert result.float.syncs == 100 and result.gpuscalar.syncs == 0
+    assert len(result.float.times_s) == 2 and result.gpuscalar.median_s > 0
+    assert result.gpuscalar.gpuscalar_syncs_on_backend == 0
+    assert max(result.max_difference.values()) < 1e-12
+    assert result.time_ratio == result.float.median_s / result.gpuscalar.median_s
+    table = benchmarks.format_table([result])
+    assert "lr_schedule" in table and "100 -> 0" in table
+
+
+@pytest.mark.parametrize("repeats", [0, 1.5])
+def test_measure_rejects_bad_repeats(repeats):
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick", repeats)
+
+
+def test_max_difference_of_floats_lists_and_arrays():
+    assert benchmarks.max_difference(1.0, 1.25) == 0.25
+    assert benchmarks.max_difference([1.0, 2.0], np.array([1.0, 2.5])) == 0.5
+    assert benchmarks.max_difference([np.zeros(2), np.ones(2)], [np.zeros(2), np.full(2, 3.0)]) == 2
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def test_bench_quick_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert cli_main(["bench", "--quick", "--backend", "numpy", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["backend"] == "numpy"
+    assert report["device"] == backend_module.describe(backend_module.NUMPY)
+    assert report["size"] == "quick" and report["repeats"] == 5
+    assert report["date"][:4].isdigit()
+    assert {"python", "numpy", "gpuscalar"} <= set(report["versions"])
+    assert [w["name"] for w in report["workloads"]] == list(WORKLOADS)
+    for entry in report["workloads"]:
+        assert entry["name"] in printed
+        assert entry["gpuscalar"]["syncs"] <= entry["host_values_needed"]
+        assert entry["gpuscalar"]["syncs"] < entry["float"]["syncs"]
+        assert entry["float"]["median_s"] > 0 and entry["gpuscalar"]["median_s"] > 0
+        assert max(entry["max_difference"].values()) < 1e-9
+        assert f"{entry['float']['syncs']} -> {entry['gpuscalar']['syncs']}" in printed
+
+
+def test_bench_runs_a_selected_workload_on_the_default_backend(capsys, monkeypatch):
+    monkeypatch.setattr(backend_module, "gpu_available", lambda: False)
+    assert benchmarks.main(["--quick", "--workload", "jacobi"]) == 0
+    printed = capsys.readouterr().out
+    assert "numpy backend" in printed and "jacobi" in printed and "train_logging" not in printed
+
+
+def test_bench_unknown_backend_is_a_usage_error(capsys):
+    assert benchmarks.main(["--backend", "tpu"]) == 2
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_bench_unknown_workload_is_a_usage_error(capsys):
+    assert benchmarks.main(["--workload", "nope"]) == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_bench_cupy_without_gpu_is_a_one_line_error(capsys, monkeypatch):
+    monkeypatch.setattr(backend_module, "gpu_available", lambda: False)
+    assert benchmarks.main(["--backend", "cupy", "--quick"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert "--backend cupy needs CuPy and a CUDA device" in captured.err
+
+
+def test_bench_unwritable_json_fails_before_running(tmp_path, capsys):
+    target = tmp_path / "missing" / "bench.json"
+    assert benchmarks.main(["--quick", "--backend", "numpy", "--json", str(target)]) == 2
+    captured = capsys.readouterr()
+    assert "cannot write --json" in captured.err and captured.out == ""
