@@ -537,7 +537,8 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     can only produce a real result of the same backend, so the result class is known without
     looking at dtypes. Everything else goes to `_binary`, which handles all cases.
     """
-    same_class_fast = not backend.multi_device  # CuPy scalars must also compare devices
+    # Same-class operands skip the device check only where there is one device.
+    fast_class = None if backend.multi_device else cls
     out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
     real_python_types = frozenset({bool, int, float})
     note_op = sync.note_device_op
@@ -549,7 +550,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
-            if kind is cls and same_class_fast:
+            if kind is fast_class:
                 other = other._array
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
