@@ -207,10 +207,22 @@ def default_backend() -> Backend:
 def describe(backend: Backend) -> str:
     """A human-readable description of the device a backend computes on."""
     if backend is NUMPY:
-        import platform
-
-        return f"CPU ({platform.processor() or platform.machine()}), NumPy {np.__version__}"
+        return f"CPU ({_cpu_model()}), NumPy {np.__version__}"
     cupy = backend.xp
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return f"{name}, CuPy {cupy.__version__}"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
