@@ -373,6 +373,16 @@ def _raise_incompatible(operands: tuple[Any, ...]) -> None:
     )
 
 
+def _stand_in(operand: Any) -> Any:
+    """What NumPy's resolver sees for an operand: a GPUScalar as the Python type it replaces
+    (weak), a Python scalar as itself, an array or NumPy scalar as its dtype (strong)."""
+    if type(operand) in _SCALAR_CLASSES:
+        return promote.weak_stand_in(operand.dtype)
+    if type(operand) in promote.PYTHON_SCALAR_TYPES:
+        return promote.python_operand_stand_in(operand)
+    return operand.dtype
+
+
 def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
     """Apply the backend ufunc ``name`` to operands of which at least one is a GPUScalar.
 
@@ -397,20 +407,10 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
 
     args, stand_ins = [], []
     for op in operands:
-        if type(op) in _SCALAR_CLASSES:
-            if op._backend is not backend:  # rule 4: read the device value for a host array
-                value = op._host_value("host operand")
-                args.append(value)
-                stand_ins.append(promote.python_operand_stand_in(value))
-            else:
-                args.append(_array_of(op))
-                stand_ins.append(promote.weak_stand_in(op.dtype))
-        elif type(op) in promote.PYTHON_SCALAR_TYPES:
-            args.append(op)
-            stand_ins.append(promote.python_operand_stand_in(op))
-        else:
-            args.append(op)
-            stand_ins.append(op.dtype)
+        if type(op) in _SCALAR_CLASSES and op._backend is not backend:
+            op = op._host_value("host operand")  # rule 4: a device value meets a host array
+        args.append(_array_of(op) if type(op) in _SCALAR_CLASSES else op)
+        stand_ins.append(_stand_in(op))
     out = kwargs.get("out")
     if out is not None:
         out = out if isinstance(out, tuple) else (out,)
@@ -701,13 +701,7 @@ def where(condition: Any, x: Any, y: Any) -> Any:
         args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
         return _wrap(backend, backend.call(backend.xp.where, *args))
     # Parity: the result dtype is what where() gives with the scalars' Python values.
-    stand_ins = [
-        promote.weak_stand_in(op.dtype) if type(op) in _SCALAR_CLASSES
-        else promote.python_operand_stand_in(op) if type(op) in promote.PYTHON_SCALAR_TYPES
-        else op.dtype
-        for op in (x, y)
-    ]
-    result_dtype = promote.result_dtype(stand_ins)
+    result_dtype = promote.result_dtype([_stand_in(x), _stand_in(y)])
     args = []
     for op in operands:
         if type(op) in _SCALAR_CLASSES:
