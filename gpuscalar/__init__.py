@@ -4,7 +4,7 @@ The public API, re-exported from the modules that implement it (see README, "Arc
 Importing gpuscalar never imports CuPy.
 """
 
-from . import ad, optim
+from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .optim import all_finite, clip_grad_norm
 from .promote import Rule
@@ -101,6 +101,7 @@ __all__ = [
     "sign",
     "sqrt",
     "std",
+    "strict",
     "sum",
     "sync_guard",
     "total_syncs",

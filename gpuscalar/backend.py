@@ -12,6 +12,7 @@ device→host copy; only `sync.to_host` may call it, which is how sync accountin
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -27,6 +28,8 @@ __all__ = [
     "CupyBackend",
     "NUMPY",
     "CUPY",
+    "BACKENDS",
+    "register_backend",
     "backend_of",
     "get_backend",
     "default_backend",
@@ -45,6 +48,10 @@ class Backend:
     multi_device: bool = False
     #: whether a ufunc accepts NumPy's ``signature=`` to pin the loop (else ``dtype=`` is used)
     supports_signature: bool = True
+    #: whether arrays hold NumPy data in this process (NumPy, the strict device), so that
+    #: gpuscalar's host evaluators (optimizer programs, fused scalar expressions) can compute
+    #: on `host_data` inside one counted device op
+    evaluates_on_host: bool = False
 
     @property
     def xp(self) -> ModuleType:
@@ -57,9 +64,21 @@ class Backend:
     def device_of(self, array: Any) -> object:
         raise NotImplementedError
 
+    def device_context(self, device: object) -> Any:
+        """A context manager making ``device`` current for array creation."""
+        return contextlib.nullcontext()
+
     def read_scalar(self, array: Any) -> Any:
         """Copy a 0-d array to the host as a Python scalar. Only `sync.to_host` calls this."""
         raise NotImplementedError
+
+    def host_data(self, array: Any) -> Any:
+        """The NumPy data of an array of a host-evaluating backend (no transfer, no copy)."""
+        raise NotImplementedError(f"the {self.name} backend does not evaluate on the host")
+
+    def from_host_data(self, data: Any, like: Any) -> Any:
+        """An array of this backend over NumPy ``data``, on the device of the array ``like``."""
+        raise NotImplementedError(f"the {self.name} backend does not evaluate on the host")
 
     def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue one device operation, counted. Every op gpuscalar issues goes through here."""
@@ -101,6 +120,8 @@ class NumpyBackend(Backend):
     def xp(self) -> ModuleType:
         return np
 
+    evaluates_on_host = True
+
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)
 
@@ -109,6 +130,12 @@ class NumpyBackend(Backend):
 
     def read_scalar(self, array: Any) -> Any:
         return array.item()
+
+    def host_data(self, array: Any) -> Any:
+        return array
+
+    def from_host_data(self, data: Any, like: Any) -> Any:
+        return np.asarray(data)
 
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
         return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
@@ -132,6 +159,9 @@ class CupyBackend(Backend):
 
     def device_of(self, array: Any) -> object:
         return array.device.id
+
+    def device_context(self, device: object) -> Any:
+        return self.xp.cuda.Device(device)
 
     def read_scalar(self, array: Any) -> Any:
         # ndarray.get() is CuPy's own single choke point for device->host copies.
@@ -164,8 +194,15 @@ class CupyBackend(Backend):
 
 NUMPY = NumpyBackend()
 CUPY = CupyBackend()
-#: Checked in order; a test may insert a backend at the front (see tests/fakedevice.py).
+#: Checked in order by `backend_of`; NumPy last, because other array types may subclass or
+#: wrap ndarray. `gpuscalar.strict` registers the strict CPU device here when imported.
 BACKENDS: list[Backend] = [CUPY, NUMPY]
+
+
+def register_backend(backend: Backend) -> None:
+    """Add ``backend`` to those gpuscalar recognises (before NumPy); idempotent."""
+    if backend not in BACKENDS:
+        BACKENDS.insert(len(BACKENDS) - 1, backend)
 
 
 def backend_of(value: object) -> Backend | None:
@@ -177,7 +214,8 @@ def backend_of(value: object) -> Backend | None:
 
 
 def get_backend(name: str) -> Backend:
-    """Backend by name: ``"numpy"`` or ``"cupy"`` (imports CuPy)."""
+    """Backend by name: ``"numpy"``, ``"strict"`` (the CuPy-strict CPU device) or ``"cupy"``
+    (imports CuPy)."""
     for backend in BACKENDS:
         if backend.name == name:
             if backend is CUPY:
@@ -208,6 +246,8 @@ def describe(backend: Backend) -> str:
     """A human-readable description of the device a backend computes on."""
     if backend is NUMPY:
         return f"CPU ({_cpu_model()}), NumPy {np.__version__}"
+    if backend is not CUPY:
+        return f"{backend.name} device: CPU ({_cpu_model()}), NumPy {np.__version__}"
     cupy = backend.xp
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]

@@ -3,13 +3,13 @@
 Why this module exists: the workloads (`gpuscalar.workloads`) show what gpuscalar changes, and
 this module measures it the same way on every machine.
 
-*Counts* come from the **counting device**: NumPy arrays of a private ndarray subclass that act
-like device arrays (reductions return 0-d arrays, not Python scalars) and report every host read
-(``float()``, ``int()``, ``bool()``, ``if``, ``format``, ...) as a sync through `sync.to_host`,
-and every array-library call (ufunc, reduction, ``xp.*`` function, ``copy``) as one device op.
-That counts the float path's ``float(x.sum())`` — which never passes through gpuscalar — exactly
-like gpuscalar's own reads, so both columns of the table are counted by one rule. The counts are
-properties of the program, not of the machine: they are what a GPU would see.
+*Counts* come from the **strict device** (`gpuscalar.strict`): duck arrays over NumPy that act
+like CuPy arrays (reductions return 0-d arrays, not Python scalars; implicit host conversion is
+refused) and declare every host read (``float()``, ``int()``, ``bool()``, ``if``, ``format``,
+...) as a sync and every array-library call (ufunc, reduction, ``xp.*`` function, ``copy``) as
+one device op. That counts the float path's ``float(x.sum())`` — which never passes through
+gpuscalar — by the same rule as gpuscalar's own reads. The counts are properties of the program,
+not of the machine: they are what a GPU would see.
 
 *Times* come from the selected backend (CuPy when a GPU is present, else NumPy): the median of
 several runs of each path, each run ending with one read of the answer so that work still queued
@@ -20,22 +20,20 @@ overhead; see the README's "Benchmarks" section.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import platform
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from . import __version__, sync
+from . import __version__, strict, sync
 from . import backend as backend_module
 from .reduce import max as device_max
 from .reduce import sum as device_sum
@@ -45,7 +43,6 @@ from .workloads import PATHS, WORKLOADS, Workload, get_workload
 __all__ = [
     "PathResult",
     "WorkloadResult",
-    "counting_device",
     "count_path",
     "settle",
     "measure",
@@ -54,211 +51,21 @@ __all__ = [
     "main",
 ]
 
-# ---- the counting device -------------------------------------------------------------------
-
-_depth = threading.local()
-
-
-@contextlib.contextmanager
-def _op(count: bool = True) -> Iterator[None]:
-    """One array-library call: counted as a device op when it is the outermost one. Calls
-    inside it (NumPy's implementation calling other NumPy functions) are not counted again."""
-    depth = getattr(_depth, "value", 0)
-    if depth == 0 and count:
-        sync.note_device_op()
-    _depth.value = depth + 1
-    try:
-        yield
-    finally:
-        _depth.value = depth
-
-
-def _inside_op() -> bool:
-    return getattr(_depth, "value", 0) > 0
-
-
-def _base(value: Any) -> Any:
-    return value.view(np.ndarray) if isinstance(value, _CountingArray) else value
-
-
-def _lift(value: Any) -> Any:
-    """Results as counting-device arrays; 0-d results stay arrays, as on a GPU."""
-    if isinstance(value, tuple):
-        return tuple(_lift(v) for v in value)
-    if isinstance(value, list):
-        return [_lift(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value if isinstance(value, _CountingArray) else value.view(_CountingArray)
-    if isinstance(value, np.generic):
-        return np.asarray(value).view(_CountingArray)
-    return value
-
-
-class _CountingArray(np.ndarray):
-    """A NumPy array that behaves like a device array for counting purposes."""
-
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        if any(isinstance(x, GPUScalar) for x in inputs):
-            return NotImplemented  # GPUScalar applies its promotion rules, then calls us back
-        out = kwargs.get("out")
-        with _op():
-            if isinstance(out, tuple):
-                kwargs["out"] = tuple(_base(o) for o in out)
-            result = getattr(ufunc, method)(*(_base(x) for x in inputs), **kwargs)
-        if isinstance(out, tuple):
-            return out[0] if len(out) == 1 else out
-        return _lift(result)
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        with _op():
-            result = super().__array_function__(func, types, args, kwargs)
-        return _lift(result)
-
-    def __getitem__(self, key: Any) -> Any:
-        return _lift(super().__getitem__(key))  # a view, not a device op
-
-    def _read(self, reason: str) -> Any:
-        if _inside_op():  # NumPy's own implementation reading a value: not the user's sync
-            return self.view(np.ndarray)[()]
-        if self.ndim != 0:
-            raise TypeError(
-                f"the counting device reads 0-d arrays only, got shape {self.shape} ({reason})"
-            )
-        return sync.to_host(COUNTING, self, reason)
-
-    def item(self, *args: Any) -> Any:
-        if args:
-            return self[args]._read("item")
-        return self._read("item")
-
-    def __float__(self) -> float:
-        return float(self._read("float"))
-
-    def __int__(self) -> int:
-        return int(self._read("int"))
-
-    def __index__(self) -> int:
-        return int(self._read("index"))
-
-    def __complex__(self) -> complex:
-        return complex(self._read("complex"))
-
-    def __bool__(self) -> bool:
-        return bool(self._read("bool"))
-
-    def __format__(self, spec: str) -> str:
-        return format(self._read("format"), spec)
-
-
-def _counted_method(name: str) -> Any:
-    method = getattr(np.ndarray, name)
-
-    def counted(self: _CountingArray, *args: Any, **kwargs: Any) -> Any:
-        with _op():
-            return _lift(method(self, *args, **kwargs))
-
-    counted.__name__ = name
-    return counted
-
-
-# Methods that run device work (a reduction or a copy kernel) count as one op each, however
-# many ufuncs NumPy's implementation calls internally.
-for _name in ("sum", "mean", "prod", "max", "min", "any", "all", "var", "std", "copy", "astype",
-              "dot", "cumsum", "clip"):
-    setattr(_CountingArray, _name, _counted_method(_name))
-
-
-class _CountingNamespace:
-    """``xp`` for the counting device: NumPy's functions, with array results on the device."""
-
-    def __init__(self, module: ModuleType) -> None:
-        self._module = module
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._module, name)
-        if isinstance(value, ModuleType):
-            return _CountingNamespace(value)
-        if isinstance(value, (type, np.ufunc)) or not callable(value):
-            return value  # dtypes, ufuncs (they dispatch on their operands), constants
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            with _op():
-                return _lift(value(*args, **kwargs))
-
-        counted.__name__ = name
-        return counted
-
-
-class _QuietUfunc:
-    """A ufunc for gpuscalar's hot path, which counts the op itself before calling it."""
-
-    __slots__ = ("_ufunc",)
-
-    def __init__(self, ufunc: np.ufunc) -> None:
-        self._ufunc = ufunc
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with _op(count=False):
-            return _lift(self._ufunc(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ufunc, name)
-
-
-class _CountingBackend(backend_module.Backend):
-    name = "counting"
-    ufunc_array_kwargs = {"out": ...}
-
-    def __init__(self) -> None:
-        self._xp = _CountingNamespace(np)
-
-    @property
-    def xp(self) -> Any:
-        return self._xp
-
-    def owns(self, value: object) -> bool:
-        return isinstance(value, _CountingArray)
-
-    def device_of(self, array: Any) -> object:
-        return "counting"
-
-    def read_scalar(self, array: Any) -> Any:
-        # host memory already: a NumPy scalar of the 0-d array, no transfer involved
-        return array.view(np.ndarray)[()]
-
-    def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        with _op():  # gpuscalar's op: counted once, whatever the arrays do inside it
-            return _lift(func(*args, **kwargs))
-
-    def ufunc(self, name: str) -> Any:
-        # gpuscalar counts these itself (Backend.call or its inlined hot path)
-        return _QuietUfunc(getattr(np, name))
-
-    def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
-        return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
-
-
-COUNTING = _CountingBackend()
-
-
-@contextlib.contextmanager
-def counting_device() -> Iterator[Any]:
-    """Install the counting device for the block and yield its ``xp`` namespace."""
-    backend_module.BACKENDS.insert(0, COUNTING)
-    try:
-        yield COUNTING.xp
-    finally:
-        backend_module.BACKENDS.remove(COUNTING)
+# ---- counting on the strict device ----------------------------------------------------------
 
 
 def count_path(
     workload: Workload, path: str, params: dict[str, Any]
 ) -> tuple[int, int, dict[str, Any]]:
-    """(syncs, device ops, answer) of one path on the counting device; inputs are not counted."""
-    with counting_device() as xp:
-        inputs = workload.make_inputs(xp, params)
-        with sync.count_syncs() as counter:
-            answer = workload.run(path, xp, params, inputs)
+    """(syncs, device ops, answer) of one path on the strict device; inputs are not counted.
+
+    The counter sees gpuscalar's reads and the device's own (``float(x.sum())`` on a plain
+    array), and every array-library call as a device op: what a GPU would see.
+    """
+    inputs = workload.make_inputs(strict.xp, params)
+    counter = sync.SyncCounter(include_cupy=True)  # the device's own reads count too
+    with sync._activate(counter):
+        answer = workload.run(path, strict.xp, params, inputs)
     return counter.count, counter.device_ops, answer
 
 
@@ -267,7 +74,7 @@ def count_path(
 
 @dataclass
 class PathResult:
-    """Counts (counting device) and times (selected backend) of one path of one workload."""
+    """Counts (strict device) and times (selected backend) of one path of one workload."""
 
     syncs: int
     device_ops: int
@@ -463,7 +270,7 @@ def main(argv: list[str]) -> int:
     print(f"gpuscalar bench: {backend.name} backend, {device}, {size} sizes, median of "
           f"{repeats} runs")
     print(format_table(results))
-    print("syncs and device ops: counted on the counting device (the same on any backend); "
+    print("syncs and device ops: counted on the strict device (the same on any backend); "
           "ratio = float time / gpuscalar time")
     if args.json:
         report = {

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import reduce
-from .backend import NUMPY, Backend, backend_of
+from .backend import Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap, minimum
 
 __all__ = [
@@ -264,9 +264,13 @@ def _run_program(
     """Launch ``program`` once (one counted device op). Scalars are Python numbers or
     GPUScalars; arrays are same-shape, same-dtype arrays of ``backend``."""
     skip_array = None if skip is None else _array_of(skip)
-    if backend is NUMPY or backend.name != "cupy":
-        raw = {k: _array_of(v) if isinstance(v, GPUScalar) else v for k, v in scalars.items()}
-        backend.call(_evaluate_numpy, program, raw, arrays, skip_array)
+    if backend.evaluates_on_host:
+        data = backend.host_data
+        raw = {k: data(_array_of(v)) if isinstance(v, GPUScalar) else v
+               for k, v in scalars.items()}
+        raw_arrays = {k: data(v) for k, v in arrays.items()}
+        raw_skip = None if skip_array is None else data(skip_array)
+        backend.call(_evaluate_numpy, program, raw, raw_arrays, raw_skip)
         return
     first = arrays[program.arrays[0]]
     dtype = first.dtype.name

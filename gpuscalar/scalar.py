@@ -507,7 +507,7 @@ def _python_default_dtype(value: Any, like_dtype: np.dtype | None) -> np.dtype:
 
 def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -> Any:
     if backend.multi_device and device is not None:
-        with backend.xp.cuda.Device(device):
+        with backend.device_context(device):
             return backend.call(backend.xp.asarray, value, dtype=dtype)
     return backend.call(backend.xp.asarray, value, dtype=dtype)
 

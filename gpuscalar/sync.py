@@ -52,6 +52,7 @@ __all__ = [
     "total_syncs",
     "to_host",
     "note_device_op",
+    "declare_library_sync",
     "caller_site",
 ]
 
@@ -365,9 +366,7 @@ def to_host(backend: Backend, array: Any, reason: str) -> Any:
     _check_guard_and_record(reason, cupy_only=False)
     with _total_lock:
         _total += 1
-    if not _cupy_hook_users:
-        return backend.read_scalar(array)
-    token = _in_gpuscalar_read.set(True)
+    token = _in_gpuscalar_read.set(True)  # the library's own declaration of this read is ours
     try:
         return backend.read_scalar(array)
     finally:
@@ -391,10 +390,20 @@ def _import_syncdetect() -> ModuleType:
         ) from exc
 
 
+def declare_library_sync() -> None:
+    """A sync the array library makes itself (CuPy's ``ndarray.get()``, a strict-device read).
+
+    Recorded (reason ``"cupy"``) in the counters made with ``include_cupy=True``, and checked
+    against the guard while such a counter is active; a read that gpuscalar itself is making
+    (inside `to_host`) is not counted twice.
+    """
+    if not _in_gpuscalar_read.get() and any(c.include_cupy for c in _active_counters.get()):
+        _check_guard_and_record(CUPY_REASON, cupy_only=True)
+
+
 def _make_cupy_wrapper(original: Callable[[], Any]) -> Callable[[], Any]:
     def _declare_synchronize() -> Any:
-        if not _in_gpuscalar_read.get() and any(c.include_cupy for c in _active_counters.get()):
-            _check_guard_and_record(CUPY_REASON, cupy_only=True)
+        declare_library_sync()
         return original()
 
     _declare_synchronize.__wrapped__ = original  # type: ignore[attr-defined]

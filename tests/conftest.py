@@ -8,14 +8,18 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import sync
+from gpuscalar import strict, sync
 
-BACKEND_NAMES = ("numpy", "cupy")
+#: Every backend-parametrized test runs on each: NumPy, the CuPy-strict CPU device (a duck
+#: array that refuses implicit host conversion, as CuPy does) and CuPy (skipped without a GPU).
+BACKEND_NAMES = ("numpy", "strict", "cupy")
 
 
 @pytest.fixture(params=BACKEND_NAMES)
 def xp(request: pytest.FixtureRequest):
-    """The array module under test; CuPy cases skip where no CUDA device is present."""
+    """The array namespace under test; CuPy cases skip where no CUDA device is present."""
+    if request.param == "strict":
+        return strict.xp
     if request.param == "cupy" and not gs.gpu_available():
         pytest.skip("CuPy needs a CUDA device, and this machine has none")
     return importlib.import_module(request.param)

@@ -11,6 +11,8 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import ad
 
+from .helpers import host
+
 RULES = {
     "add": (ad.vjp_add, np.add),
     "sub": (ad.vjp_sub, np.subtract),
@@ -34,12 +36,6 @@ PATTERNS = {
     "number-gpuscalar": ("py", "gs"),
 }
 H = 1e-6
-
-
-def host(a):
-    if isinstance(a, gs.GPUScalar):
-        return float(a)
-    return a if isinstance(a, np.ndarray) else __import__("cupy").asnumpy(a)
 
 
 def _operand(kind, rng, xp):

@@ -1,4 +1,4 @@
-"""The counting device, the measurements and the ``gpuscalar bench`` command line."""
+"""Counting on the strict device, the measurements and the ``gpuscalar bench`` command line."""
 
 from __future__ import annotations
 
@@ -13,51 +13,7 @@ from gpuscalar import benchmarks
 from gpuscalar.__main__ import main as cli_main
 from gpuscalar.workloads import WORKLOADS
 
-# ---- the counting device -----------------------------------------------------------------
-
-
-def test_counting_device_counts_host_reads_of_plain_array_code():
-    with benchmarks.counting_device() as xp:
-        x = xp.asarray(np.arange(4.0))
-        with gs.count_syncs() as counter:
-            total = x.sum()  # a 0-d device array, as on a GPU
-            assert total.shape == ()
-            value = float(total)
-            flag = bool(x.max() > 2.0)
-            step = int(x[1])
-    assert (value, flag, step) == (6.0, True, 1)
-    assert counter.count == 3
-    assert [r.reason for r in counter.records] == ["float", "bool", "int"]
-    assert all(r.filename == __file__ for r in counter.records)
-    assert counter.device_ops == 3  # sum, max, greater; indexing is a view
-
-
-def test_counting_device_counts_each_gpuscalar_op_once():
-    with benchmarks.counting_device() as xp:
-        y = xp.asarray(np.ones(4))
-        s = gs.mean(y)
-        with gs.count_syncs() as counter:
-            t = s + s  # inlined hot path
-            u = gs.sqrt(t)  # Backend.call
-            z = y * u  # promotion rule 1, one ufunc
-            norm = gs.global_norm([y, z])
-        assert counter.device_ops == 3 + 4  # global_norm: two norms, stack, norm
-        assert counter.count == 0
-        assert float(norm) == pytest.approx(np.sqrt(4 + 4 * 2.0))
-
-
-def test_counting_device_is_removed_after_the_block_even_on_error():
-    before = list(backend_module.BACKENDS)
-    with pytest.raises(RuntimeError, match="boom"), benchmarks.counting_device():
-        raise RuntimeError("boom")
-    assert backend_module.BACKENDS == before
-
-
-def test_counting_device_refuses_to_read_a_whole_array_as_a_sync():
-    with benchmarks.counting_device() as xp:
-        x = xp.asarray(np.ones(3))
-        with pytest.raises(TypeError, match=r"reads 0-d arrays only, got shape \(3,\)"):
-            x._read("float")
+# ---- counts on the strict device ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
@@ -69,7 +25,7 @@ def test_counts_gpuscalar_path_reads_at_most_what_the_host_needs(name):
     assert gs_syncs <= workload.host_values_needed(params)
     assert gs_syncs < float_syncs
     assert float_ops > 0 and gs_ops > 0
-    # the counting device sees the same gpuscalar reads as gpuscalar itself on NumPy
+    # the strict device sees the same gpuscalar reads as gpuscalar itself on NumPy
     with gs.count_syncs() as counter:
         workload.run("gpuscalar", np, params)
     assert counter.count == gs_syncs

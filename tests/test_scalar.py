@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
+from gpuscalar import strict
 from gpuscalar.scalar import BINARY_OPERATORS, COMPARISON_OPERATORS, UNARY_OPERATORS
 
-from .fakedevice import fake_backend_installed, on_device
+from .helpers import host
 
 
 def test_wraps_zero_d_array_without_sync(xp):
@@ -307,41 +308,45 @@ def test_unknown_operand_returns_not_implemented():
 
 
 def test_device_scalar_with_host_array_reads_once():
-    with fake_backend_installed() as fake:
-        s = gs.GPUScalar(on_device(2.0, device=0))
-        assert s.backend is fake
-        host = np.arange(3, dtype=np.float32)
-        with gs.count_syncs() as counter:
-            result = host * s
-            again = host + s
-        assert type(result) is np.ndarray and result.dtype == np.float32
-        assert result.tolist() == [0.0, 2.0, 4.0] and again.tolist() == [2.0, 3.0, 4.0]
-        assert [r.reason for r in counter.records] == ["host operand"]
+    s = gs.GPUScalar(strict.xp.asarray(2.0, device=0))
+    assert s.backend is strict.STRICT
+    host_array = np.arange(3, dtype=np.float32)
+    with gs.count_syncs() as counter:
+        result = host_array * s
+        again = host_array + s
+    assert type(result) is np.ndarray and result.dtype == np.float32
+    assert result.tolist() == [0.0, 2.0, 4.0] and again.tolist() == [2.0, 3.0, 4.0]
+    assert [r.reason for r in counter.records] == ["host operand"]
 
 
 def test_device_scalar_with_host_array_raises_under_error_guard():
-    with fake_backend_installed():
-        s = gs.GPUScalar(on_device(2.0))
-        with gs.sync_guard("error"), pytest.raises(gs.SyncError, match="host operand"):
-            np.ones(2) * s
-        assert not s.is_materialized
+    s = gs.GPUScalar(strict.xp.asarray(2.0))
+    with gs.sync_guard("error"), pytest.raises(gs.SyncError, match="host operand"):
+        np.ones(2) * s
+    assert not s.is_materialized
 
 
 def test_mixed_devices_and_backends_are_errors_naming_both_sides():
-    with fake_backend_installed():
-        on_zero = gs.GPUScalar(on_device(1.0, device=0))
-        on_one = gs.GPUScalar(on_device(1.0, device=1))
-        with gs.sync_guard("error"):
-            with pytest.raises(ValueError, match=r"device=0.*device=1"):
-                on_zero + on_one
-            with pytest.raises(ValueError, match="different devices"):
-                on_zero * on_device([1.0, 2.0], device=1)
-            with pytest.raises(TypeError, match=r"fakegpu.*numpy"):
-                on_zero + gs.asscalar(1.0)
-            with pytest.raises(TypeError, match="never copies"):
-                gs.asscalar(1.0) * on_device([1.0, 2.0])
-        same = on_zero * on_device([1.0, 2.0], device=0)
-        assert same.device_id == 0 and same.tolist() == [1.0, 2.0]
+    on_zero = gs.GPUScalar(strict.xp.asarray(1.0, device=0))
+    on_one = gs.GPUScalar(strict.xp.asarray(1.0, device=1))
+    with gs.sync_guard("error"):
+        with pytest.raises(ValueError, match=r"device=0.*device=1"):
+            on_zero + on_one
+        with pytest.raises(ValueError, match="different devices"):
+            on_zero * strict.xp.asarray([1.0, 2.0], device=1)
+        with pytest.raises(TypeError, match=r"strict.*numpy"):
+            on_zero + gs.asscalar(1.0)
+        with pytest.raises(TypeError, match="never copies"):
+            gs.asscalar(1.0) * strict.xp.asarray([1.0, 2.0])
+    same = on_zero * strict.xp.asarray([1.0, 2.0], device=0)
+    assert same.device.id == 0 and host(same).tolist() == [1.0, 2.0]
+
+
+def test_asscalar_like_a_device_array_lands_on_its_device():
+    on_one = strict.xp.zeros(2, device=1)
+    s = gs.asscalar(2.5, like=on_one)
+    assert s.device == 1 and s.backend is strict.STRICT and s.dtype == np.float64
+    assert (s * on_one).device.id == 1
 
 
 def test_cupy_elementwise_override_routes_cupy_ufuncs_through_promotion():

@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import sync
+from gpuscalar import strict, sync
 from gpuscalar.backend import NUMPY, get_backend
-
-from .fakedevice import FAKE, fake_backend_installed, on_device
 
 
 def _next_line() -> int:
@@ -496,18 +494,15 @@ def test_cupy_hook_reference_count_is_thread_safe(syncdetect, spy):
 
 
 def test_a_gpuscalar_read_that_goes_through_cupy_is_counted_once(syncdetect, spy, monkeypatch):
-    read = FAKE.read_scalar
-
     def read_like_cupy(array):
         sys.modules["cupy._core.syncdetect"]._declare_synchronize()  # as ndarray.get() does
-        return read(array)
+        return array.get().item()  # and the strict device declares its own get() too
 
-    monkeypatch.setattr(FAKE, "read_scalar", read_like_cupy)
-    with fake_backend_installed():
-        s = gs.GPUScalar(on_device(4.0))
-        with gs.count_syncs(include_cupy=True) as counter:
-            assert float(s) == 4.0
-            syncdetect._declare_synchronize()  # a CuPy sync of the user's own
+    monkeypatch.setattr(strict.STRICT, "read_scalar", read_like_cupy)
+    s = gs.GPUScalar(strict.xp.asarray(4.0))
+    with gs.count_syncs(include_cupy=True) as counter:
+        assert float(s) == 4.0
+        syncdetect._declare_synchronize()  # a CuPy sync of the user's own
     assert spy == [1, 1]
     assert [r.reason for r in counter.records] == ["float", "cupy"]
 

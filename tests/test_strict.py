@@ -1,0 +1,251 @@
+"""The CuPy-strict CPU device: CuPy's refusals, declared syncs, device ops, devices, bad input."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar import strict, sync
+from gpuscalar.strict import xp
+
+
+def library_counter() -> sync.SyncCounter:
+    """A counter that sees the device's own reads (what count_syncs(include_cupy=True) gives,
+    without needing CuPy installed)."""
+    return sync.SyncCounter(include_cupy=True)
+
+
+# ---- what CuPy refuses, the strict device refuses ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "implicit",
+    [np.asarray, np.array, lambda x: np.testing.assert_allclose(x, np.ones(3)),
+     lambda x: pytest.approx(x) == np.ones(3), lambda x: np.ones(3) + x,
+     lambda x: np.concatenate([np.ones(1), x])],
+    ids=["asarray", "array", "assert_allclose", "approx", "host-operand", "mixed-function"],
+)
+def test_implicit_host_conversion_is_a_type_error(implicit):
+    x = xp.ones(3)
+    with pytest.raises(TypeError, match=r"Implicit conversion|Unsupported type"):
+        implicit(x)
+
+
+def test_the_refusal_uses_cupys_words():
+    with pytest.raises(TypeError) as info:
+        np.asarray(xp.zeros(2))
+    assert str(info.value) == strict.IMPLICIT_MESSAGE
+    assert "`.get()`" in str(info.value)
+
+
+def test_strict_arrays_are_made_through_the_namespace_only():
+    with pytest.raises(TypeError, match="xp.asarray"):
+        strict.StrictArray(np.ones(2))
+    with pytest.raises(TypeError, match="cannot make a strict array"):
+        xp.asarray(gs.strict.Device(0))  # not array data
+
+
+# ---- explicit reads are declared syncs --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("read", "expected"),
+    [(lambda x: x.get(), [0.0, 1.0, 2.0, 3.0]), (lambda x: x.tolist(), [0.0, 1.0, 2.0, 3.0]),
+     (lambda x: x.sum().item(), 6.0), (lambda x: float(x[1]), 1.0), (lambda x: int(x[2]), 2),
+     (lambda x: bool(x[3] > 2), True), (lambda x: complex(x[1]), 1 + 0j),
+     (lambda x: f"{x.sum():.1f}", "6.0"), (lambda x: [10, 20, 30][x.astype(int)[1]], 20),
+     (lambda x: xp.asnumpy(x).tolist(), [0.0, 1.0, 2.0, 3.0])],
+    ids=["get", "tolist", "item", "float", "int", "bool", "complex", "format", "index",
+         "asnumpy"],
+)
+def test_each_explicit_read_is_one_declared_sync(read, expected):
+    x = xp.asarray(np.arange(4.0))
+    counter = library_counter()
+    with sync._activate(counter):
+        value = read(x)
+    value = value.tolist() if isinstance(value, np.ndarray) else value
+    assert value == expected
+    assert counter.count == 1 and [r.reason for r in counter.records] == ["cupy"]
+    assert counter.records[0].filename == __file__  # the user's line, not strict.py
+
+
+def test_device_reads_are_invisible_to_plain_counters_as_cupys_are():
+    x = xp.ones(2)
+    with gs.count_syncs() as plain:
+        float(x.sum())
+    assert plain.count == 0 and plain.device_ops == 1
+
+
+def test_device_reads_obey_the_guard_while_a_library_counter_is_active():
+    x = xp.ones(2)
+    with sync._activate(library_counter()), gs.sync_guard("error"):
+        with pytest.raises(gs.SyncError, match=r"\(cupy\) at .*test_strict.py"):
+            float(x.sum())
+        with pytest.raises(gs.SyncError):
+            x.get()
+
+
+def test_a_gpuscalar_read_is_counted_once():
+    s = gs.sum(xp.ones(3))
+    counter = library_counter()
+    with sync._activate(counter):
+        assert float(s) == 3.0
+    assert [r.reason for r in counter.records] == ["float"]
+
+
+def test_boolean_mask_indexing_and_nonzero_sync_as_in_cupy():
+    x = xp.asarray(np.arange(5.0))
+    counter = library_counter()
+    with sync._activate(counter):
+        picked = x[x > 2]
+        (where,) = xp.nonzero(x > 3)
+        (again,) = (x > 3).nonzero()
+    assert counter.count == 3
+    assert picked.get().tolist() == [3.0, 4.0] and where.get().tolist() == [4]
+    assert again.get().tolist() == [4]
+
+
+def test_reads_of_several_elements_are_refused_like_numpy():
+    with pytest.raises(TypeError, match=r"size-1.*\(3,\)"):
+        float(xp.ones(3))
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(xp.ones(3))
+    with pytest.raises(TypeError, match="integer"):
+        [1, 2][xp.asarray(1.0)]
+
+
+# ---- reductions, views and device ops -----------------------------------------------------------
+
+
+def test_reductions_return_zero_d_device_arrays():
+    x = xp.asarray(np.arange(6.0).reshape(2, 3))
+    for result in (x.sum(), x.max(), xp.mean(x), np.sum(x), xp.linalg.norm(x), x[1, 2],
+                   xp.count_nonzero(x)):
+        assert type(result) is strict.StrictArray and result.shape == ()
+
+
+def test_every_array_library_call_is_one_device_op_and_views_are_free():
+    x = xp.asarray(np.arange(6.0))
+    with gs.count_syncs() as counter:
+        y = x * 2.0            # ufunc (operator)
+        y += 1.0               # in-place ufunc
+        total = y.sum()        # method reduction
+        n = np.linalg.norm(y)  # NumPy function through __array_function__: ONE op
+        z = xp.stack([x, y])   # namespace function
+        view = z.T[1:, ::2]    # views: no device work
+        flat = z.reshape(-1)
+        first = x[0]
+        z[0, 1:3] = 5.0        # assignment
+        picked = x[xp.asarray([0, 2])]  # advanced indexing: a gather
+    assert counter.device_ops == 8 and counter.count == 0
+    assert view.shape == (5, 1) and flat.shape == (12,) and first.shape == ()
+    assert (total.get(), picked.get().tolist()) == (36.0, [0.0, 2.0])
+    assert n.get() == pytest.approx(np.linalg.norm(np.arange(6.0) * 2 + 1))
+
+
+def test_gpuscalar_ops_are_counted_once_however_numpy_implements_them():
+    y = xp.ones(4)
+    s = gs.mean(y)
+    with gs.count_syncs() as counter:
+        t = s + s              # gpuscalar's inlined hot path
+        u = gs.sqrt(t)         # Backend.call
+        z = y * u              # promotion rule 1, one ufunc
+        norm = gs.global_norm([y, z])
+    assert counter.device_ops == 3 + 4  # global_norm: two norms, stack, norm
+    assert counter.count == 0
+    assert float(norm) == pytest.approx(np.sqrt(4 + 4 * 2.0))
+
+
+def test_namespace_ufuncs_defer_to_gpuscalars():
+    s = gs.asscalar(4.0, like=xp.zeros(1))
+    with gs.count_syncs() as counter:
+        root = xp.sqrt(s)
+    assert isinstance(root, gs.GPUScalar) and counter.device_ops == 1
+    assert root.backend is strict.STRICT and root.item() == 2.0
+    from_number = xp.sqrt(9.0)  # as cupy.sqrt(9.0): a 0-d device array
+    assert type(from_number) is strict.StrictArray and from_number.item() == 3.0
+
+
+def test_asarray_returns_the_same_array_when_nothing_changes():
+    x = xp.ones(3)
+    with gs.count_syncs() as counter:
+        same = xp.asarray(x)
+        cast = xp.asarray(x, dtype=np.float32)
+    assert same is x and cast.dtype == np.float32 and counter.device_ops == 1
+
+
+# ---- devices --------------------------------------------------------------------------------------
+
+
+def test_arrays_live_on_the_current_device():
+    assert xp.zeros(2).device.id == 0
+    with strict.device(2) as current:
+        made = xp.ones(2)
+        derived = made * 2
+    assert current.id == 2 and made.device.id == 2 and derived.device.id == 2
+    assert xp.asarray([1.0], device=3).device.id == 3
+    assert xp.zeros(1, device=1).device.id == 1
+    assert xp.zeros(1).device.id == 0  # restored
+
+
+def test_operands_on_different_devices_are_an_error_naming_both():
+    a, b = xp.ones(2, device=0), xp.ones(2, device=1)
+    with pytest.raises(ValueError, match=r"different strict devices \(0 and 1\)"):
+        a + b
+    with pytest.raises(ValueError, match="different strict devices"):
+        xp.stack([a, b])
+    moved = xp.asarray(b, device=0)  # explicit copy
+    assert (a + moved).get().tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", None])
+def test_bad_device_ids_are_rejected(bad):
+    with pytest.raises(ValueError, match="strict device id"):
+        with strict.device(bad):
+            pass  # pragma: no cover - not reached
+
+
+def test_host_array_assignment_is_an_upload():
+    x = xp.zeros(3)
+    with gs.count_syncs() as counter:
+        x[...] = np.arange(3.0)
+    assert counter.device_ops == 2 and x.get().tolist() == [0.0, 1.0, 2.0]
+
+
+# ---- interop and pickling ----------------------------------------------------------------------
+
+
+def test_dlpack_exports_without_a_transfer():
+    x = xp.asarray(np.arange(3.0))
+    counter = library_counter()
+    with sync._activate(counter):
+        shared = np.from_dlpack(x)
+    assert counter.count == 0 and shared.tolist() == [0.0, 1.0, 2.0]
+    assert x.__dlpack_device__() == (1, 0)  # the data really is host memory
+
+
+def test_pickling_reads_explicitly_and_restores_the_device():
+    x = xp.asarray([1.0, 2.0], device=1)
+    counter = library_counter()
+    with sync._activate(counter):
+        data = pickle.dumps(x)
+    restored = pickle.loads(data)
+    assert counter.count == 1
+    assert restored.device.id == 1 and restored.get().tolist() == [1.0, 2.0]
+
+
+def test_repr_is_a_sync_and_names_the_device():
+    x = xp.asarray([1.5], device=2)
+    counter = library_counter()
+    with sync._activate(counter):
+        text = repr(x)
+    assert text == "strict_array([1.5], device=2)" and counter.count == 1
+
+
+def test_the_backend_is_registered_and_named():
+    assert gs.get_backend("strict") is strict.STRICT
+    assert gs.backend.backend_of(xp.ones(1)) is strict.STRICT
+    assert "strict device" in gs.backend.describe(strict.STRICT)
