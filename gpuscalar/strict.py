@@ -30,7 +30,6 @@ backend-parametrized test on it), promotion rules 4 and 5 (several devices), and
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -52,7 +51,6 @@ IMPLICIT_MESSAGE = (
 )
 
 _current_device: ContextVar[int] = ContextVar("gpuscalar_strict_device", default=0)
-_nesting = threading.local()
 
 
 @contextlib.contextmanager
@@ -81,32 +79,13 @@ class Device:
         return f"<strict device {self.id}>"
 
 
-class _DeviceWork:
-    """One array-library call: a device op when it is the outermost one (``count=True``)."""
-
-    __slots__ = ("count", "depth")
-
-    def __init__(self, count: bool = True) -> None:
-        self.count = count
-
-    def __enter__(self) -> None:
-        self.depth = getattr(_nesting, "depth", 0)
-        if self.depth == 0 and self.count:
-            sync.note_device_op()
-        _nesting.depth = self.depth + 1
-
-    def __exit__(self, *exc: object) -> None:
-        _nesting.depth = self.depth
-
-
-def _inside_device_work() -> bool:
-    return getattr(_nesting, "depth", 0) > 0
+_DeviceWork = sync.one_device_op  # one array-library call: one device op, nested ones free
 
 
 def _declare_sync() -> None:
     """A read by the device itself (not through gpuscalar): declared as CuPy declares its own,
     unless NumPy's implementation is reading inside a device op (no transfer there)."""
-    if not _inside_device_work():
+    if not sync.inside_device_op():
         sync.declare_library_sync()
 
 

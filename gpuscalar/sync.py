@@ -52,6 +52,8 @@ __all__ = [
     "total_syncs",
     "to_host",
     "note_device_op",
+    "one_device_op",
+    "inside_device_op",
     "declare_library_sync",
     "caller_site",
 ]
@@ -217,6 +219,8 @@ _active_counters: ContextVar[tuple[SyncCounter, ...]] = ContextVar(
 _in_gpuscalar_read: ContextVar[bool] = ContextVar("gpuscalar_in_read", default=False)
 #: Truthy while any counter is active in this context (a C call; the hot path inlines it).
 counting = _active_counters.get
+#: How many `one_device_op` blocks enclose the current code (their inner ops are not counted).
+_op_depth: ContextVar[int] = ContextVar("gpuscalar_device_op_depth", default=0)
 _total_lock = threading.Lock()
 _total = 0
 
@@ -317,9 +321,40 @@ def total_syncs() -> int:
 
 
 def note_device_op() -> None:
-    """Count one device operation in every active counter (called by `Backend.call`)."""
+    """Count one device operation in every active counter (called by `Backend.call`), unless
+    it runs inside another counted operation (`one_device_op`)."""
+    if _op_depth.get():
+        return
     for counter in _active_counters.get():
         counter.device_ops += 1
+
+
+class one_device_op:  # noqa: N801 - used like a function: ``with one_device_op():``
+    """Everything inside the block is ONE device operation: counted once on entry (when
+    ``count``), and the operations issued inside are not counted again.
+
+    What makes device-op counts match a GPU's launches: a NumPy function that calls other NumPy
+    functions (the strict device), a fused expression evaluated with several ufuncs on the
+    host, or a captured step replayed as one graph launch.
+    """
+
+    __slots__ = ("count", "_token")
+
+    def __init__(self, count: bool = True) -> None:
+        self.count = count
+
+    def __enter__(self) -> None:
+        if self.count:
+            note_device_op()
+        self._token = _op_depth.set(_op_depth.get() + 1)
+
+    def __exit__(self, *exc: object) -> None:
+        _op_depth.reset(self._token)
+
+
+def inside_device_op() -> bool:
+    """Whether the caller runs inside a counted device operation (`one_device_op`)."""
+    return _op_depth.get() > 0
 
 
 def _check_guard_and_record(reason: str, cupy_only: bool) -> None:

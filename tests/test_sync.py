@@ -546,3 +546,17 @@ def test_include_cupy_must_be_a_bool(flag):
     with pytest.raises(TypeError, match="include_cupy"):
         with gs.count_syncs(include_cupy=flag):
             pass  # pragma: no cover - not reached
+
+
+def test_one_device_op_counts_its_block_once_and_nests():
+    x = np.ones(3)
+    with gs.count_syncs() as counter:
+        with sync.one_device_op():
+            gs.sum(x) + 1.0  # two gpuscalar ops inside: not counted again
+            assert sync.inside_device_op()
+            with sync.one_device_op():
+                gs.sum(x)
+        with sync.one_device_op(count=False):
+            gs.sum(x)  # suppressed, and the block itself is not counted
+        gs.sum(x)
+    assert counter.device_ops == 2 and not sync.inside_device_op()
