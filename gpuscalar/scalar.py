@@ -2,29 +2,37 @@
 
 Why this module exists: reductions on a GPU produce a value on the device, and turning it into a
 Python float forces a synchronization. A GPUScalar wraps the 0-d device array instead, does its
-arithmetic, comparisons and math on the device (one backend call per operation), feeds arrays and
-kernels without ever reading the value, and only synchronizes when Python truly needs the host
-value (`float(s)`, `bool(s)`, formatting, ...): once, through `sync.to_host`, cached afterwards.
+arithmetic, comparisons and math on the device, feeds arrays and kernels without ever reading the
+value, and only synchronizes when Python truly needs the host value (`float(s)`, `bool(s)`,
+formatting, ...): once, through `sync.to_host`, cached afterwards.
 
-Operators are generated from the tables below (thin dunders, the logic in `apply_ufunc` and
-`_binary`); promotion decisions come from `promote`. All internal access to the wrapped array
-goes through `_array_of`, so that a later lazy (fused) representation stays local to this module.
+By default its operations are *lazy*: an operation on GPUScalars and Python numbers records a node
+(`gpuscalar.expr`) whose dtype `promote` decides at once, and launches nothing; the expression is
+evaluated where it is consumed, in one kernel or folded into the consuming array kernel
+(`gpuscalar.fusion`). ``gs.lazy(False)`` / ``GPUSCALAR_LAZY=0`` give the eager behaviour, one
+backend call per operation, with the same numbers.
+
+Operators are generated from the tables below (thin dunders, the logic in `apply_ufunc`,
+`_binary` and `_lazy_ufunc`); promotion decisions come from `promote`. All internal access to the
+wrapped array goes through `_array_of`, which materializes a pending expression.
 """
 
 from __future__ import annotations
 
 import numbers
+from operator import index as operator_index
 from typing import Any
 
 import numpy as np
 
-from . import promote, sync
+from . import expr, fusion, promote, sync
 from .backend import NUMPY, Backend, backend_of, get_backend
 
 __all__ = [
     "GPUScalar",
     "asscalar",
     "apply_ufunc",
+    "lazy",
     "BINARY_OPERATORS",
     "COMPARISON_OPERATORS",
     "UNARY_OPERATORS",
@@ -83,7 +91,21 @@ MATH_FUNCTIONS: dict[str, str] = {
     "isfinite": "isfinite",
     "isnan": "isnan",
     "isinf": "isinf",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "tanh": "tanh",
+    "arctan2": "arctan2",
+    "hypot": "hypot",
+    "floor": "floor",
+    "ceil": "ceil",
+    "log2": "log2",
+    "log10": "log10",
+    "exp2": "exp2",
+    "power": "power",
 }
+
+lazy = expr.lazy
 
 class GPUScalar:
     """A 0-d device value that behaves like a Python number and syncs only when read.
@@ -94,7 +116,10 @@ class GPUScalar:
     cache. Immutable and, because ``==`` is device-valued, unhashable.
     """
 
-    __slots__ = ("_array", "_host")  # _host is unset until the first read
+    # _array: the 0-d device array, None while pending; _node: the pending expression (or None);
+    # _dtype: always known; _device: a pending scalar's device (multi-device backends);
+    # _host: unset until the first read.
+    __slots__ = ("_array", "_node", "_dtype", "_device", "_host")
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
     __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
     __hash__ = None  # type: ignore[assignment]
@@ -124,12 +149,12 @@ class GPUScalar:
     # ---- no-sync attributes -------------------------------------------------------------
     @property
     def array(self) -> Any:
-        """The wrapped 0-d backend array (no sync)."""
+        """The wrapped 0-d backend array (no sync; evaluates a pending expression: one op)."""
         return _array_of(self)
 
     @property
     def dtype(self) -> np.dtype:
-        return _array_of(self).dtype
+        return self._dtype
 
     @property
     def backend(self) -> Backend:
@@ -138,12 +163,15 @@ class GPUScalar:
     @property
     def device(self) -> object:
         """``"cpu"`` for NumPy, the CUDA device id for CuPy (no sync)."""
-        return self._backend.device_of(_array_of(self))
+        if self._array is None:
+            return self._device
+        return self._backend.device_of(self._array)
 
     @property
     def is_materialized(self) -> bool:
-        """Whether the host value has been read (and cached) already."""
-        return hasattr(self, "_host")
+        """Whether the value is held in a 0-d array (False: a pending expression, evaluated
+        where it is consumed)."""
+        return self._array is not None
 
     shape = ()
     ndim = 0
@@ -155,7 +183,11 @@ class GPUScalar:
             return self._host
         except AttributeError:
             pass  # not read yet; the transfer happens outside the handler (clean tracebacks)
-        host = self._host = sync.to_host(self._backend, _array_of(self), reason)
+        array = self._array
+        # A pending expression is evaluated only once the read is allowed: one launch, one sync.
+        host = self._host = sync.to_host(
+            self._backend, (lambda: _materialize(self)) if array is None else array, reason
+        )
         return host
 
     def item(self) -> Any:
@@ -205,6 +237,27 @@ class GPUScalar:
     def __deepcopy__(self, memo: dict[int, Any]) -> GPUScalar:
         return self
 
+    # ---- export without a host round trip: the 0-d array itself, no copy, no sync ---------
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """DLPack export of the 0-d array (``torch.from_dlpack(s)``, ``np.from_dlpack(s)``)."""
+        return _array_of(self).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return _array_of(self).__dlpack_device__()
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface of the 0-d device array (``cupy.asarray(s)``,
+        ``numba.cuda.as_cuda_array(s)``); only CuPy scalars have one."""
+        array = _array_of(self)
+        try:
+            return array.__cuda_array_interface__
+        except AttributeError:
+            raise AttributeError(
+                f"a {self._backend.name} GPUScalar has no __cuda_array_interface__ (its data is "
+                "not in CUDA memory); use DLPack (__dlpack__)"
+            ) from None
+
     # ---- device operations ---------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if method != "__call__":
@@ -225,8 +278,15 @@ class GPUScalar:
         return self._backend.call(kernel, *arrays, **kwargs)
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
+        decimals = 0 if ndigits is None else operator_index(ndigits)
+        if expr.is_lazy() and self.dtype.kind in "fc" or (
+            expr.is_lazy() and self.dtype.kind in "iu" and decimals >= 0
+        ):
+            op = expr.get_op("round", "round", (self._dtype,), (self._dtype,), 0, decimals)
+            return _pending(self._backend, expr.make_node(op, (_child(self),)), self._dtype,
+                            self.device)
         backend = self._backend
-        result = backend.call(backend.xp.round, _array_of(self), 0 if ndigits is None else ndigits)
+        result = backend.call(backend.xp.round, _array_of(self), decimals)
         return _wrap(backend, result)
 
     def __pow__(self, other: Any, modulo: Any = None) -> Any:
@@ -273,14 +333,47 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
     if type(result) is not np.ndarray and isinstance(result, np.generic):
         result = np.asarray(result)
     classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
-    scalar = object.__new__(classes[result.dtype.kind])
+    dtype = result.dtype
+    scalar = object.__new__(classes[dtype.kind])
     scalar._array = result
+    scalar._node = None
+    scalar._dtype = dtype
     return scalar
 
 
+def _pending(backend: Backend, node: tuple, dtype: np.dtype, device: object) -> GPUScalar:
+    """A GPUScalar holding the expression ``node`` (materialized at once past the size bound)."""
+    classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
+    scalar = object.__new__(classes[dtype.kind])
+    scalar._array = None
+    scalar._node = node
+    scalar._dtype = dtype
+    scalar._device = device
+    if node[1] > expr.MAX_NODES:
+        _materialize(scalar)
+    return scalar
+
+
+def _child(scalar: GPUScalar) -> Any:
+    """What an expression built from ``scalar`` holds: its node, or its array (a leaf)."""
+    node = scalar._node
+    return scalar._array if node is None else node
+
+
+def _materialize(scalar: GPUScalar) -> Any:
+    """Evaluate a pending GPUScalar (one device op); it keeps the array and drops the node."""
+    array = fusion.materialize(scalar._backend, scalar._node, scalar._device)
+    scalar._array = array
+    scalar._node = None
+    return array
+
+
 def _array_of(scalar: GPUScalar) -> Any:
-    """The one internal accessor for a GPUScalar's device array."""
-    return scalar._array
+    """The one internal accessor for a GPUScalar's device array (materializes if pending)."""
+    array = scalar._array
+    if array is None:
+        array = _materialize(scalar)
+    return array
 
 
 def _unpickle(backend_name: str, dtype: str, value: Any) -> GPUScalar:
@@ -302,22 +395,89 @@ def _operand_label(value: Any) -> str:
 
 
 def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
-    """Fast path for a dunder: GPUScalar with another GPUScalar or a Python scalar (rules 2-3)."""
+    """A dunder's general path: GPUScalar with another GPUScalar or a Python scalar (rules 2-3);
+    anything else goes to `apply_ufunc`."""
     kind = type(right)
     backend = left._backend
     if kind in promote.PYTHON_SCALAR_TYPES:
         other = right
     elif kind in _SCALAR_CLASSES and kind._backend is backend and not backend.multi_device:
-        other = _array_of(right)
+        other = None
     else:
         operands = (right, left) if reflected else (left, right)
         return apply_ufunc(name, *operands)
+    if expr.is_lazy():
+        operands = (right, left) if reflected else (left, right)
+        result = _lazy_ufunc(backend, name, operands, left.device)
+        if result is not None:
+            return result
+    if other is None:
+        other = _array_of(right)
     mine = _array_of(left)
     args = (other, mine) if reflected else (mine, other)
     result = backend.call(backend.ufunc(name), *args, **backend.ufunc_array_kwargs)
     if type(result) is tuple:
         return tuple(_wrap(backend, r) for r in result)
     return _wrap(backend, result)
+
+
+def _scalar_stand_in(operand: Any) -> Any:
+    """What NumPy's resolver sees for an operand of a scalar-only operation (rules 2-3): a
+    GPUScalar as a 0-d array of its dtype, a Python scalar as itself (weak), a NumPy scalar as
+    its dtype."""
+    if type(operand) in _SCALAR_CLASSES:
+        return operand._dtype
+    if type(operand) in promote.PYTHON_SCALAR_TYPES:
+        return promote.python_operand_stand_in(operand)
+    return operand.dtype
+
+
+def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
+                device: object) -> Any:
+    """Record ufunc ``name`` over GPUScalars and Python/NumPy scalars as pending node(s).
+
+    The loop (and so every result dtype) is `promote`'s, NumPy's own choice for the eager call;
+    a NumPy error for these operand types is raised here, as eager code would. Python numbers
+    are converted to the loop's input dtype now, as NumPy converts them. Returns None where that
+    conversion overflows (NumPy special-cases some of those, e.g. comparisons): eager decides.
+    """
+    signature = promote.parity_signature(name, tuple(map(_scalar_stand_in, operands)))
+    nin = len(operands)
+    in_dtypes, out_dtypes = signature[:nin], signature[nin:]
+    try:
+        children = tuple(
+            _child(op) if type(op) in _SCALAR_CLASSES else dtype.type(op)
+            for op, dtype in zip(operands, in_dtypes, strict=True)
+        )
+    except OverflowError:
+        return None
+    results = tuple(
+        _pending(backend, expr.make_node(expr.get_op("ufunc", name, in_dtypes, out_dtypes, k),
+                                         children), dtype, device)
+        for k, dtype in enumerate(out_dtypes)
+    )
+    return results[0] if len(results) == 1 else results
+
+
+def _folded_offset(node: tuple, op: expr.Op, offset: int) -> tuple | None:
+    """``(x + c1) + c2`` as ``x + (c1 + c2)``: exact in integer (modular) arithmetic, and it keeps
+    a counter ``step = step + 1`` one node deep however many steps it counts. ``op`` is the
+    outer add/subtract (same integer loop as the inner one), ``offset`` its Python int."""
+    inner = node[2]
+    if inner.kind != "ufunc" or inner.name not in ("add", "subtract") or (
+        inner.signature != op.signature or not isinstance(node[4], np.generic)
+    ):
+        return None
+    dtype = op.dtype
+    bits = dtype.itemsize * 8
+    total = (int(node[4]) if inner.name == "add" else -int(node[4])) + (
+        offset if op.name == "add" else -offset
+    )
+    wrapped = total % (1 << bits)
+    if dtype.kind == "i" and wrapped >= 1 << (bits - 1):
+        wrapped -= 1 << bits
+    add = expr.get_op("ufunc", "add", op.in_dtypes, op.out_dtypes)
+    return expr.make_node(add, (node[3], dtype.type(wrapped)))
 
 
 def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
@@ -351,7 +511,7 @@ def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
         backend = scalar_backend
         if backend.multi_device:
             devices = {
-                backend.device_of(_array_of(op) if type(op) in _SCALAR_CLASSES else op)
+                op.device if type(op) in _SCALAR_CLASSES else backend.device_of(op)
                 for op in operands
                 if type(op) in _SCALAR_CLASSES or backend_of(op) is backend
             }
@@ -387,29 +547,38 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
     """Apply the backend ufunc ``name`` to operands of which at least one is a GPUScalar.
 
     Implements the promotion rules: with an array operand the result is an array with the
-    dtype NumPy gives for ``x ⊕ s.item()`` (rule 1), otherwise a GPUScalar (rules 2-3). A
-    device GPUScalar meeting a host NumPy array is read first (rule 4, one counted sync);
-    operands on backends or devices that cannot meet raise (rule 5).
+    dtype NumPy gives for ``x ⊕ s.item()`` (rule 1), otherwise a GPUScalar (rules 2-3; a pending
+    expression when lazy). A device GPUScalar meeting a host NumPy array is read first (rule 4,
+    one counted sync); operands on backends or devices that cannot meet raise (rule 5). A
+    pending GPUScalar operand of an array operation is computed inside that operation's kernel.
     """
     found = _common_backend(operands)
     if found is None:
         return NotImplemented
     backend, has_array = found
     if not has_array:
-        args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
         if kwargs.get("out") is not None:
             raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
         kwargs.pop("out", None)
+        if not kwargs and expr.is_lazy():
+            device = next(op.device for op in operands if type(op) in _SCALAR_CLASSES)
+            result = _lazy_ufunc(backend, name, operands, device)
+            if result is not None:
+                return result
+        args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
         result = backend.call(backend.ufunc(name), *args, **backend.ufunc_array_kwargs, **kwargs)
         if type(result) is tuple:
             return tuple(_wrap(backend, r) for r in result)
         return _wrap(backend, result)
 
-    args, stand_ins = [], []
-    for op in operands:
-        if type(op) in _SCALAR_CLASSES and op._backend is not backend:
-            op = op._host_value("host operand")  # rule 4: a device value meets a host array
-        args.append(_array_of(op) if type(op) in _SCALAR_CLASSES else op)
+    args, stand_ins, pending = [], [], {}
+    for position, op in enumerate(operands):
+        if type(op) in _SCALAR_CLASSES:
+            if op._backend is not backend:
+                op = op._host_value("host operand")  # rule 4: a device value meets a host array
+            elif op._node is not None:
+                pending[position] = op._node
+        args.append(op._array if type(op) in _SCALAR_CLASSES else op)
         stand_ins.append(_stand_in(op))
     out = kwargs.get("out")
     if out is not None:
@@ -430,6 +599,8 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             dtype = promote.cupy_dtype_argument(signature)
             if dtype is not None:
                 kwargs["dtype"] = dtype
+    if pending:
+        return fusion.fused_ufunc(backend, name, args, kwargs, pending)
     return backend.call(backend.ufunc(name), *args, **kwargs)
 
 
@@ -456,7 +627,7 @@ def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
     kind = type(value)
     if kind in _SCALAR_CLASSES:
         source_backend = value._backend
-        host_value: Any = _array_of(value)
+        host_value: Any = value  # its array is only needed (and evaluated) to make a new one
         natural = value.dtype
     elif kind in promote.PYTHON_SCALAR_TYPES:
         source_backend, host_value = None, value
@@ -486,10 +657,10 @@ def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
             f"asscalar(): the value is a {source_backend.name} device value and like= is "
             f"{backend.name}; gpuscalar never copies silently"
         )
-    if kind in _SCALAR_CLASSES and target_dtype == natural and (
-        device is None or value.device == device
-    ):
-        return value
+    if kind in _SCALAR_CLASSES:
+        if target_dtype == natural and (device is None or value.device == device):
+            return value
+        host_value = _array_of(value)
     return _wrap(backend, _make_array(backend, host_value, target_dtype, device))
 
 
@@ -522,6 +693,8 @@ def _make_binary(name: str, reflected: bool) -> Any:
 def _make_unary(name: str) -> Any:
     def operator(self: GPUScalar) -> GPUScalar:
         backend = self._backend
+        if expr.is_lazy():
+            return _lazy_ufunc(backend, name, (self,), self.device)
         return _wrap(
             backend,
             backend.call(backend.ufunc(name), _array_of(self), **backend.ufunc_array_kwargs),
@@ -535,57 +708,121 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
     A real GPUScalar with a Python bool/int/float, or with a GPUScalar of the same class,
     can only produce a real result of the same backend, so the result class is known without
-    looking at dtypes. Everything else goes to `_binary`, which handles all cases.
+    looking at dtypes. Everything else goes to `_binary`, which handles all cases. Lazy, an
+    operation is a dict lookup of its loop (per operand dtypes), the conversion of a Python
+    number, and one node; eager, one ufunc call.
     """
     # Same-class operands skip the device check only where there is one device.
     fast_class = None if backend.multi_device else cls
+    multi_device = backend.multi_device
     out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
     real_python_types = frozenset({bool, int, float})
     note_op = sync.note_device_op
     counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
+    is_lazy = expr.is_lazy
+    make_node = expr.make_node
+    max_nodes = expr.MAX_NODES
     new = object.__new__
+
+    def finish(result: Any) -> GPUScalar:
+        if not out_ellipsis and type(result) is not np.ndarray and isinstance(result, np.generic):
+            result = np.asarray(result)
+        scalar = new(cls)
+        scalar._array = result
+        scalar._node = None
+        scalar._dtype = result.dtype
+        return scalar
+
+    def pending(self: GPUScalar, node: tuple, dtype: np.dtype) -> GPUScalar:
+        scalar = new(cls)
+        scalar._array = None
+        scalar._node = node
+        scalar._dtype = dtype
+        scalar._device = self.device if multi_device else "cpu"
+        if node[1] > max_nodes:
+            _materialize(scalar)
+        return scalar
 
     def make(name: str, reflected: bool) -> Any:
         ufunc = backend.ufunc(name)
+        # (own dtype, other's dtype or Python type) -> (op, the other operand's loop type)
+        loops: dict[tuple[Any, Any], tuple[expr.Op, type]] = {}
+        foldable = name in ("add", "subtract") and not reflected
+
+        def resolve(mine: np.dtype, other: Any) -> tuple[expr.Op, type]:
+            other_stand_in = other if isinstance(other, np.dtype) else (
+                promote.python_operand_stand_in(other(0)))
+            pair = (other_stand_in, mine) if reflected else (mine, other_stand_in)
+            signature = promote.parity_signature(name, pair)
+            op = expr.get_op("ufunc", name, signature[:2], signature[2:])
+            found = loops[(mine, other)] = (op, signature[0 if reflected else 1].type)
+            return found
 
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
             if kind is fast_class:
-                other = other._array
+                if is_lazy():  # both GPUScalars of this class
+                    mine = self._dtype
+                    op = (loops.get((mine, other._dtype)) or resolve(mine, other._dtype))[0]
+                    left, right = (other, self) if reflected else (self, other)
+                    node = make_node(op, (
+                        left._array if left._node is None else left._node,
+                        right._array if right._node is None else right._node,
+                    ))
+                    return pending(self, node, op.out_dtypes[0])
+                other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
+            elif is_lazy():
+                mine = self._dtype
+                op, loop_type = loops.get((mine, kind)) or resolve(mine, kind)
+                try:
+                    constant = loop_type(other)
+                except OverflowError:  # NumPy decides such cases eagerly (and may raise)
+                    with expr.lazy(False):
+                        return _binary(self, other, name, reflected)
+                node = self._node
+                if node is None:
+                    node = make_node(op, (constant, self._array) if reflected
+                                     else (self._array, constant))
+                elif foldable and kind is int and mine.kind in "iu" and (
+                    folded := _folded_offset(node, op, other)
+                ) is not None:
+                    node = folded
+                else:
+                    node = make_node(op, (constant, node) if reflected else (node, constant))
+                return pending(self, node, op.out_dtypes[0])
+            mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
             if out_ellipsis:
                 if reflected:
-                    result = ufunc(other, self._array, out=...)
-                else:
-                    result = ufunc(self._array, other, out=...)
-            else:
-                result = ufunc(other, self._array) if reflected else ufunc(self._array, other)
-                if type(result) is not np.ndarray and isinstance(result, np.generic):
-                    result = np.asarray(result)
-            scalar = new(cls)
-            scalar._array = result
-            return scalar
+                    return finish(ufunc(other, mine_array, out=...))
+                return finish(ufunc(mine_array, other, out=...))
+            return finish(ufunc(other, mine_array) if reflected else ufunc(mine_array, other))
 
         return operator
 
     def make_unary(name: str) -> Any:
         ufunc = backend.ufunc(name)
+        ops: dict[np.dtype, expr.Op] = {}
+
+        def resolve(mine: np.dtype) -> expr.Op:
+            signature = promote.parity_signature(name, (mine,))
+            op = ops[mine] = expr.get_op("ufunc", name, signature[:1], signature[1:])
+            return op
 
         def operator(self: GPUScalar) -> Any:
+            if is_lazy():
+                op = ops.get(self._dtype) or resolve(self._dtype)
+                node = self._node
+                return pending(self, make_node(op, (self._array if node is None else node,)),
+                               op.out_dtypes[0])
+            mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
-            if out_ellipsis:
-                result = ufunc(self._array, out=...)
-            else:
-                result = ufunc(self._array)
-                if type(result) is not np.ndarray and isinstance(result, np.generic):
-                    result = np.asarray(result)
-            scalar = new(cls)  # a real operand gives a real result for every unary operator
-            scalar._array = result
-            return scalar
+            # a real operand gives a real result for every unary operator
+            return finish(ufunc(mine_array, out=...) if out_ellipsis else ufunc(mine_array))
 
         return operator
 
@@ -630,10 +867,11 @@ _install_operators()
 
 def _apply_math(name: str, *operands: Any) -> Any:
     if len(operands) == 1 and type(operands[0]) in _SCALAR_CLASSES:
-        backend = operands[0]._backend
-        result = backend.call(
-            backend.ufunc(name), _array_of(operands[0]), **backend.ufunc_array_kwargs
-        )
+        scalar = operands[0]
+        backend = scalar._backend
+        if expr.is_lazy():
+            return _lazy_ufunc(backend, name, operands, scalar.device)
+        result = backend.call(backend.ufunc(name), _array_of(scalar), **backend.ufunc_array_kwargs)
         return _wrap(backend, result)
     if any(type(op) in _SCALAR_CLASSES for op in operands):
         return apply_ufunc(name, *operands)
@@ -679,6 +917,18 @@ maximum = _make_math_function("maximum", "maximum")
 isfinite = _make_math_function("isfinite", "isfinite")
 isnan = _make_math_function("isnan", "isnan")
 isinf = _make_math_function("isinf", "isinf")
+sin = _make_math_function("sin", "sin")
+cos = _make_math_function("cos", "cos")
+tan = _make_math_function("tan", "tan")
+tanh = _make_math_function("tanh", "tanh")
+arctan2 = _make_math_function("arctan2", "arctan2")
+hypot = _make_math_function("hypot", "hypot")
+floor = _make_math_function("floor", "floor")
+ceil = _make_math_function("ceil", "ceil")
+log2 = _make_math_function("log2", "log2")
+log10 = _make_math_function("log10", "log10")
+exp2 = _make_math_function("exp2", "exp2")
+power = _make_math_function("power", "power")
 
 
 def clip(x: Any, lower: Any, upper: Any) -> Any:
@@ -698,6 +948,8 @@ def where(condition: Any, x: Any, y: Any) -> Any:
         return backend.call(backend.xp.where, *operands)
     backend, has_array = found
     if not has_array:
+        if expr.is_lazy() and _scalar_stand_in(condition) == np.dtype(bool):
+            return _lazy_where(backend, operands)
         args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
         return _wrap(backend, backend.call(backend.xp.where, *args))
     # Parity: the result dtype is what where() gives with the scalars' Python values.
@@ -713,3 +965,19 @@ def where(condition: Any, x: Any, y: Any) -> Any:
                 op = _array_of(op)
         args.append(op)
     return backend.call(backend.xp.where, *args)
+
+
+def _lazy_where(backend: Backend, operands: tuple[Any, Any, Any]) -> GPUScalar:
+    """``where(condition, x, y)`` over scalars as a pending node: the branches meet in NumPy's
+    result dtype for them (a Python number weak, as in eager ``where``)."""
+    condition, x, y = operands
+    dtype = promote.result_dtype([_scalar_stand_in(x), _scalar_stand_in(y)])
+    in_dtypes = (np.dtype(bool), _scalar_stand_in(x) if type(x) in _SCALAR_CLASSES else dtype,
+                 _scalar_stand_in(y) if type(y) in _SCALAR_CLASSES else dtype)
+    children = tuple(
+        _child(op) if type(op) in _SCALAR_CLASSES else in_dtype.type(op)
+        for op, in_dtype in zip(operands, in_dtypes, strict=True)
+    )
+    op = expr.get_op("where", "where", (np.dtype(bool), dtype, dtype), (dtype,))
+    device = next(o.device for o in operands if type(o) in _SCALAR_CLASSES)
+    return _pending(backend, expr.make_node(op, children), dtype, device)

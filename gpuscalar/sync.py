@@ -396,11 +396,15 @@ def to_host(backend: Backend, array: Any, reason: str) -> Any:
     """Copy the 0-d ``array`` to the host as a Python scalar: the one counted sync.
 
     The guard is checked before the transfer, so under ``sync_guard("error")`` nothing moves.
+    ``array`` may be a function returning the array (a pending expression's evaluation): it is
+    called only once the read is allowed, so a refused read launches nothing either.
     """
     global _total
     _check_guard_and_record(reason, cupy_only=False)
     with _total_lock:
         _total += 1
+    if callable(array):
+        array = array()
     token = _in_gpuscalar_read.set(True)  # the library's own declaration of this read is ours
     try:
         return backend.read_scalar(array)

@@ -25,14 +25,24 @@ def xp(request: pytest.FixtureRequest):
     return importlib.import_module(request.param)
 
 
+@pytest.fixture(params=("lazy", "eager"))
+def scalar_mode(request: pytest.FixtureRequest):
+    """Run a test with lazy GPUScalar expressions (the default) and again eagerly; the test
+    may read the mode (``"lazy"`` or ``"eager"``) where exact device-op counts differ."""
+    with gs.lazy(request.param == "lazy"):
+        yield request.param
+
+
 @pytest.fixture(autouse=True)
 def clean_sync_state():
     """Every test starts and must end with no active counter and the default guard mode."""
     mode_before = sync._guard_mode.get()
     assert sync._active_counters.get() == ()
+    assert not sync.inside_device_op()
     yield
     assert sync._active_counters.get() == (), "a test left a sync counter active"
     assert sync._guard_mode.get() == mode_before, "a test left a sync guard active"
+    assert not sync.inside_device_op(), "a test left a device op open"
 
 
 @pytest.fixture

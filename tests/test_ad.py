@@ -13,6 +13,9 @@ from gpuscalar import ad
 
 from .helpers import host
 
+#: Every test here runs with lazy GPUScalar expressions and again eagerly.
+pytestmark = pytest.mark.usefixtures("scalar_mode")
+
 RULES = {
     "add": (ad.vjp_add, np.add),
     "sub": (ad.vjp_sub, np.subtract),

@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 import gpuscalar as gs
 from gpuscalar import promote
 
+#: Every test here runs with lazy GPUScalar expressions and again eagerly.
+pytestmark = pytest.mark.usefixtures("scalar_mode")
+
 DTYPES = [np.dtype(t) for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128",

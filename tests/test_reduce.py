@@ -14,6 +14,9 @@ import gpuscalar as gs
 
 from .helpers import host
 
+#: Every test here runs with lazy GPUScalar expressions and again eagerly.
+pytestmark = pytest.mark.usefixtures("scalar_mode")
+
 REDUCTIONS = ["sum", "mean", "prod", "min", "max", "any", "all", "var", "std"]
 
 shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)

@@ -7,6 +7,9 @@ import pytest
 
 import gpuscalar as gs
 
+#: Every test here runs with lazy GPUScalar expressions and again eagerly.
+pytestmark = pytest.mark.usefixtures("scalar_mode")
+
 
 def test_zygote_mwe_gradients_stay_on_device(xp, rng):
     """Zygote/GPUArrays: loss = sum(1 .- x). The gradient w.r.t. the broadcast scalar `1` came

@@ -149,19 +149,23 @@ def test_every_array_library_call_is_one_device_op_and_views_are_free():
 def test_gpuscalar_ops_are_counted_once_however_numpy_implements_them():
     y = xp.ones(4)
     s = gs.mean(y)
-    with gs.count_syncs() as counter:
+    with gs.count_syncs() as counter, gs.lazy(False):
         t = s + s              # gpuscalar's inlined hot path
         u = gs.sqrt(t)         # Backend.call
         z = y * u              # promotion rule 1, one ufunc
         norm = gs.global_norm([y, z])
     assert counter.device_ops == 3 + 4  # global_norm: two norms, stack, norm
     assert counter.count == 0
+    with gs.count_syncs() as counter:  # lazy: t and u are computed inside y * u's kernel
+        z = y * gs.sqrt(s + s)
+        norm = gs.global_norm([y, z])
+    assert counter.device_ops == 1 + 4 and counter.count == 0
     assert float(norm) == pytest.approx(np.sqrt(4 + 4 * 2.0))
 
 
 def test_namespace_ufuncs_defer_to_gpuscalars():
     s = gs.asscalar(4.0, like=xp.zeros(1))
-    with gs.count_syncs() as counter:
+    with gs.count_syncs() as counter, gs.lazy(False):
         root = xp.sqrt(s)
     assert isinstance(root, gs.GPUScalar) and counter.device_ops == 1
     assert root.backend is strict.STRICT and root.item() == 2.0
@@ -177,7 +181,7 @@ def test_asarray_returns_the_same_array_when_nothing_changes():
     assert same is x and cast.dtype == np.float32 and counter.device_ops == 1
 
 
-# ---- devices --------------------------------------------------------------------------------------
+# ---- devices ------------------------------------------------------------------------------
 
 
 def test_arrays_live_on_the_current_device():

@@ -1,0 +1,325 @@
+"""CUDA C for pending scalar expressions, each operation written as CuPy writes it.
+
+Why this module exists: a fused expression must give the same bits as the eager operations it
+replaces. Eager CuPy runs each operation as its own ufunc kernel: CuPy's routine for the chosen
+loop (``cupy.<ufunc>._ops``), its inputs converted as CuPy converts them (``fix_cast_expr``),
+compiled with CuPy's default options. So each node here emits exactly that: CuPy's own routine
+string, type names and casts, in a block of its own. Between nodes, the value passes through an
+opaque barrier (an empty ``asm volatile`` on the register), so the compiler cannot contract a
+multiply of one operation with an add of the next into an FMA — which eager CuPy, one kernel per
+operation, can never do — while inside a routine it contracts exactly as it would in CuPy's own
+kernel (same routine, same default flags).
+
+The output is plain source text and parameter lists for ``cupy.ElementwiseKernel`` (CuPy adds
+its headers, broadcasting and launch), generated deterministically from a `gpuscalar.expr.Plan`:
+parameters are numbered by position, preambles are kept in first-use order, and kernel names
+come from the expression's structure, so equal structures give equal source in every process.
+Nothing here needs a GPU: tests compile every generated shape with NVRTC.
+
+One generator serves every consumer: `scalar_code` gives the statements that compute an
+expression, used by the materializing kernel, by the fused array-operation kernel (in its
+``loop_prep``, once per thread), and by the fused optimizers' prelude.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import expr
+
+__all__ = [
+    "FusionUnsupported",
+    "OPAQUE_PREAMBLE",
+    "ScalarCode",
+    "KernelSpec",
+    "cuda_type",
+    "cast_expression",
+    "cupy_op",
+    "scalar_code",
+    "leaf_code",
+    "materialize_spec",
+    "ArrayOperand",
+    "fused_spec",
+]
+
+
+class FusionUnsupported(Exception):
+    """This operation has no CuPy routine to fuse (the caller evaluates it eagerly instead)."""
+
+
+#: Keeps each operation's value in a register the compiler cannot see through: no FMA spans two
+#: operations, as none can between two eager kernels. Integers and float16 (rounded to half by
+#: every CuPy operation) need no barrier.
+OPAQUE_PREAMBLE = """
+#ifndef GPUSCALAR_OPAQUE_DEFINED
+#define GPUSCALAR_OPAQUE_DEFINED
+template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }
+__device__ __forceinline__ float _gs_opaque(float x) { asm volatile("" : "+f"(x)); return x; }
+__device__ __forceinline__ double _gs_opaque(double x) { asm volatile("" : "+d"(x)); return x; }
+__device__ __forceinline__ thrust::complex<float> _gs_opaque(thrust::complex<float> x) {
+    return thrust::complex<float>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
+}
+__device__ __forceinline__ thrust::complex<double> _gs_opaque(thrust::complex<double> x) {
+    return thrust::complex<double>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
+}
+#endif
+"""
+
+
+def _cupy() -> Any:
+    import cupy  # noqa: PLC0415 - code generation is only asked for on the CuPy backend/tests
+
+    return cupy
+
+
+def cuda_type(dtype: np.dtype, headers: list[str] | None = None) -> str:
+    """CuPy's C type name for ``dtype`` (``float``, ``thrust::complex<double>``, ``float16``);
+    headers a type needs are appended to ``headers``."""
+    from cupy._core import _scalar  # noqa: PLC0415
+
+    needed: set[Any] = set()
+    name = _scalar.get_typename(dtype, needed)
+    if headers is not None:
+        for header in sorted(needed, key=str):
+            if header not in headers:
+                headers.append(header)
+    return name
+
+
+def cast_expression(src: np.dtype, dst: np.dtype, expression: str) -> str:
+    """CuPy's ``fix_cast_expr``: how a value of dtype ``src`` is written where ``dst`` is read
+    (bool -> number as 0/1, complex -> real part or != 0; otherwise C's conversion)."""
+    if src.kind == dst.kind:
+        return expression
+    if src.kind == "b":
+        return f"({expression}) ? 1 : 0"
+    if src.kind == "c":
+        if dst.kind == "b":
+            return f"({expression}) != {cuda_type(src)}()"
+        return f"({expression}).real()"
+    return expression
+
+
+# ---- CuPy's routine for an op ----------------------------------------------------------------
+
+
+def _cupy_ufunc(op: expr.Op) -> Any:
+    cupy = _cupy()
+    if op.kind == "ufunc":
+        ufunc = getattr(cupy, op.name, None)
+    elif op.kind == "where":
+        from cupy._sorting import search  # noqa: PLC0415
+
+        ufunc = search._where_ufunc
+    elif op.kind == "round":
+        from cupy._core import core  # noqa: PLC0415
+
+        ufunc = core._round_ufunc
+    else:
+        ufunc = None
+    if ufunc is None or not hasattr(ufunc, "_ops"):
+        raise FusionUnsupported(f"CuPy has no ufunc for {op!r}")
+    return ufunc
+
+
+def cupy_op(op: expr.Op) -> tuple[Any, Any]:
+    """(CuPy ufunc, CuPy ``_Op``) that runs ``op``: the routine for exactly its loop when CuPy
+    has one, else the routine CuPy itself picks for those input dtypes (value-equivalent: e.g.
+    CuPy compares int8 values in its int64 loop). Raises `FusionUnsupported` when neither."""
+    ufunc = _cupy_ufunc(op)
+    in_dtypes = op.in_dtypes if op.kind != "round" else (op.in_dtypes[0], np.dtype(np.int64))
+    for candidate in ufunc._ops.ops:
+        if candidate.in_types == in_dtypes and candidate.out_types == op.out_dtypes:
+            found = candidate
+            break
+    else:
+        found = ufunc._ops._guess_routine_from_in_types(in_dtypes)
+    if found is None or not isinstance(found.routine, str) or ufunc._loop_prep:
+        raise FusionUnsupported(f"CuPy has no fusable routine for {op!r}")
+    return ufunc, found
+
+
+# ---- statements for one expression -------------------------------------------------------------
+
+
+@dataclass
+class ScalarCode:
+    """C statements computing one scalar expression, and what they need."""
+
+    #: (name, dtype, is_device_leaf): kernel parameters, leaves and constants in plan order
+    params: list[tuple[str, np.dtype, bool]] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)
+    #: C expression of the value (a variable, or a leaf read)
+    value: str = ""
+    dtype: np.dtype = np.dtype(np.float64)
+    preambles: list[str] = field(default_factory=list)
+
+
+def leaf_code(dtype: np.dtype, prefix: str) -> ScalarCode:
+    """A materialized GPUScalar read by a kernel: one device-leaf parameter, no statements."""
+    name = f"{prefix}l0"
+    return ScalarCode(params=[(name, dtype, True)], value=f"{name}[0]", dtype=dtype)
+
+
+def scalar_code(root: tuple, prefix: str) -> ScalarCode:
+    """Statements computing the expression ``root``; every name starts with ``prefix``.
+
+    Device leaves are parameters read as ``name[0]`` (a raw 0-d CArray in an ElementwiseKernel
+    or a pointer in a raw kernel), constants are value parameters of their loop dtype.
+    """
+    plan = expr.plan_of(root)
+    code = ScalarCode(preambles=[OPAQUE_PREAMBLE])
+    sources: list[tuple[str, np.dtype]] = []
+    for index, (kind, dtype) in enumerate(plan.leaf_kinds):
+        name = f"{prefix}{'l' if kind == 'leaf' else 'c'}{index}"
+        code.params.append((name, dtype, kind == "leaf"))
+        sources.append((f"{name}[0]" if kind == "leaf" else name, dtype))
+    results: list[tuple[str, np.dtype]] = []
+    for step, (op, refs) in enumerate(plan.steps):
+        inputs = [sources[r] if r >= 0 else results[~r] for r in refs]
+        variable = f"{prefix}v{step}"
+        code.statements += _node_statements(op, inputs, variable, code.preambles)
+        results.append((variable, op.dtype))
+    code.value, code.dtype = results[-1]
+    return code
+
+
+def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: str,
+                     preambles: list[str]) -> list[str]:
+    ufunc, routine_op = cupy_op(op)
+    if ufunc._preamble and ufunc._preamble not in preambles:
+        preambles.append(ufunc._preamble)
+    headers: list[str] = []
+    value_type = cuda_type(op.dtype, headers)
+    lines = [f"{value_type} {variable};", "{"]
+    for i, dtype in enumerate(routine_op.in_types):
+        lines.append(f"    typedef {cuda_type(dtype, headers)} in{i}_type;")
+    for i, dtype in enumerate(routine_op.out_types):
+        lines.append(f"    typedef {cuda_type(dtype, headers)} out{i}_type;")
+    operands = list(inputs)
+    if op.kind == "round":
+        operands.append((f"{int(op.param)}LL", np.dtype(np.int64)))
+    for i, ((source, dtype), wanted) in enumerate(zip(operands, routine_op.in_types,
+                                                      strict=True)):
+        lines.append(f"    const in{i}_type in{i}({cast_expression(dtype, wanted, source)});")
+    for i in range(len(routine_op.out_types)):
+        lines.append(f"    out{i}_type out{i};")
+    lines.append(f"    {routine_op.routine.strip()};")
+    produced = routine_op.out_types[op.output]
+    result = cast_expression(produced, op.dtype, f"out{op.output}")
+    lines.append(f"    {variable} = _gs_opaque({value_type}({result}));")
+    lines.append("}")
+    for header in headers:
+        if header not in preambles:
+            preambles.insert(0, header)
+    return lines
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Arguments for ``cupy.ElementwiseKernel``."""
+
+    in_params: str
+    out_params: str
+    operation: str
+    name: str
+    preamble: str
+    loop_prep: str = ""
+
+
+def _param_list(code: ScalarCode) -> list[str]:
+    return [f"{'raw ' if leaf else ''}{dtype.name} {name}" for name, dtype, leaf in code.params]
+
+
+def materialize_spec(root: tuple) -> KernelSpec:
+    """The kernel that computes ``root`` into a new 0-d array ``_gs_out`` (one thread)."""
+    code = scalar_code(root, "_gs_")
+    plan = expr.plan_of(root)
+    return KernelSpec(
+        in_params=", ".join(_param_list(code)),
+        out_params=f"{code.dtype.name} _gs_out",
+        operation="\n".join([*code.statements, f"_gs_out = {code.value};"]),
+        name=f"gpuscalar_expr_{plan.name}",
+        preamble="\n".join(code.preambles),
+    )
+
+
+@dataclass(frozen=True)
+class ArrayOperand:
+    """One operand of a fused array operation: ``kind`` is ``"array"`` (an array of ``dtype``),
+    ``"scalar"`` (a GPUScalar: ``root`` is its node, or None for a materialized one) or
+    ``"python"`` (a number, passed as a value of the routine's input type)."""
+
+    kind: str
+    dtype: np.dtype
+    root: tuple | None = None
+
+
+def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
+               out_dtypes: tuple[np.dtype, ...]) -> KernelSpec:
+    """The kernel for one array ufunc whose GPUScalar operands are computed in its
+    ``loop_prep`` (once per thread): the pending scalars cost no launch of their own.
+
+    ``routine_op`` is the CuPy ``_Op`` the eager call would run; ``out_dtypes`` the dtypes of
+    the output arrays (new ones, or the ``out=`` the caller gives).
+    """
+    cupy = _cupy()
+    ufunc = getattr(cupy, ufunc_name)
+    headers: list[str] = []
+    preambles = [OPAQUE_PREAMBLE]
+    if ufunc._preamble:
+        preambles.append(ufunc._preamble)
+    params, loop_prep, sources, described = [], [], [], [ufunc_name, repr(routine_op.in_types)]
+    for k, operand in enumerate(operands):
+        if operand.kind == "array":
+            params.append(f"{operand.dtype.name} _gs_a{k}")
+            sources.append((f"_gs_a{k}", operand.dtype))
+            described.append(f"a{operand.dtype.str}")
+        elif operand.kind == "python":
+            wanted = routine_op.in_types[k]
+            params.append(f"{wanted.name} _gs_p{k}")
+            sources.append((f"_gs_p{k}", wanted))
+            described.append(f"p{wanted.str}")
+        else:
+            prefix = f"_gs_s{k}_"
+            code = (leaf_code(operand.dtype, prefix) if operand.root is None
+                    else scalar_code(operand.root, prefix))
+            params += _param_list(code)
+            loop_prep += code.statements
+            for preamble in code.preambles:
+                if preamble not in preambles:
+                    preambles.append(preamble)
+            sources.append((code.value, code.dtype))
+            described.append("s" + (operand.dtype.str if operand.root is None
+                                    else expr.describe_structure(operand.root[0])))
+    body = []
+    for i, dtype in enumerate(routine_op.in_types):
+        body.append(f"typedef {cuda_type(dtype, headers)} in{i}_type;")
+    for i, dtype in enumerate(routine_op.out_types):
+        body.append(f"typedef {cuda_type(dtype, headers)} out{i}_type;")
+    for i, ((source, dtype), wanted) in enumerate(zip(sources, routine_op.in_types, strict=True)):
+        body.append(f"const in{i}_type in{i}({cast_expression(dtype, wanted, source)});")
+    for i in range(len(routine_op.out_types)):
+        body.append(f"out{i}_type out{i};")
+    body.append(f"{routine_op.routine.strip()};")
+    outs = []
+    for i, (produced, wanted) in enumerate(zip(routine_op.out_types, out_dtypes, strict=True)):
+        outs.append(f"{wanted.name} _gs_out{i}")
+        body.append(f"_gs_out{i} = {cast_expression(produced, wanted, f'out{i}')};")
+        described.append(f"o{wanted.str}")
+    digest = hashlib.sha1("|".join(described).encode()).hexdigest()[:16]
+    return KernelSpec(
+        in_params=", ".join(params),
+        out_params=", ".join(outs),
+        operation="\n".join(body),
+        name=f"gpuscalar_fused_{ufunc_name}_{digest}",
+        preamble="\n".join(headers + preambles),
+        loop_prep="\n".join(loop_prep),
+    )

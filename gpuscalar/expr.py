@@ -1,0 +1,333 @@
+"""Pending scalar expressions: the small IR behind lazy GPUScalars, and its host evaluator.
+
+Why this module exists: on a GPU every scalar operation is a kernel launch (~10 us of CPU time
+in CuPy); a 12-op learning-rate schedule cost 149 us per step as CuPy 0-d ops and 7.6 us as one
+kernel on an H100. So by default a GPUScalar operation does not launch anything: it records a
+*node*, and the expression is evaluated where it is consumed, in one kernel or folded into the
+kernel that consumes it (`gpuscalar.fusion`).
+
+A node is an immutable tuple ``(key, size, op, *children)``:
+
+- ``op`` is an interned `Op`: a NumPy ufunc (or ``where``, ``round``) with the loop it runs,
+  decided when the node is built by `gpuscalar.promote` exactly as the eager operation would be,
+  so a pending scalar's dtype is known without evaluating anything;
+- each child is another node, a 0-d device array (a *leaf*: a materialized GPUScalar's array),
+  or a NumPy scalar (a Python number, converted when the node is built to the dtype the loop
+  reads it in, as NumPy converts it: a kernel argument, never a constant in generated source);
+- ``key`` is an int interned from the op and the children's keys when the node is built: equal
+  keys mean equal structure (ops, dtypes, leaf kinds), never equal values, so a loop that builds
+  the same expression every step compiles once, and a kernel lookup is O(1);
+- ``size`` counts the op nodes of the tree; past `MAX_NODES` an expression is materialized where
+  it is built, so ``total = total + loss`` over 100,000 steps stays bounded.
+
+Children are never GPUScalars: when a pending GPUScalar is materialized it drops its node, and
+expressions built from it earlier keep the subtree they captured (and the key that describes
+it), so materialization never changes an existing node and memory stays bounded.
+
+Walks are iterative (post-order), so no expression depth meets Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MAX_NODES",
+    "LAZY_ENV_VAR",
+    "Op",
+    "get_op",
+    "make_node",
+    "leaf_key",
+    "const_key",
+    "is_node",
+    "child_key",
+    "describe_structure",
+    "structure_name",
+    "postorder",
+    "leaves_of",
+    "Plan",
+    "plan_of",
+    "evaluate_on_host",
+    "lazy",
+    "is_lazy",
+]
+
+#: An expression larger than this (op nodes) is materialized where it is built.
+MAX_NODES = 64
+#: Environment variable that switches the default mode: ``GPUSCALAR_LAZY=0`` is eager.
+LAZY_ENV_VAR = "GPUSCALAR_LAZY"
+
+
+# ---- the switch -----------------------------------------------------------------------------
+
+
+def _lazy_default_from_env() -> bool:
+    raw = os.environ.get(LAZY_ENV_VAR, "")
+    value = raw.strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"environment variable {LAZY_ENV_VAR}={raw!r} is invalid; use 1 (lazy, the default) or "
+        "0 (eager)"
+    )
+
+
+_LAZY_DEFAULT: bool = _lazy_default_from_env()
+_lazy_mode: ContextVar[bool] = ContextVar("gpuscalar_lazy", default=_LAZY_DEFAULT)
+#: Whether GPUScalar operations record nodes (True) or launch at once (False). A C call.
+is_lazy = _lazy_mode.get
+
+
+@contextlib.contextmanager
+def lazy(enabled: bool = True) -> Iterator[None]:
+    """Within the block, GPUScalar operations are lazy (``True``, the default) or eager.
+
+    ``gs.lazy(False)`` gives the eager behaviour (one backend call per operation, errors at the
+    line that caused them): for debugging. Nests and restores on exit; per thread / context.
+    ``GPUSCALAR_LAZY=0`` makes eager the default of a whole program.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"gpuscalar.lazy() takes a bool, got {type(enabled).__name__}")
+    token = _lazy_mode.set(enabled)
+    try:
+        yield
+    finally:
+        _lazy_mode.reset(token)
+
+
+# ---- ops and keys ---------------------------------------------------------------------------
+
+
+class Op:
+    """One operation of an expression: what runs, on which loop dtypes. Interned: equal ops are
+    the same object with the same small ``id``."""
+
+    __slots__ = ("kind", "name", "in_dtypes", "out_dtypes", "output", "param", "id",
+                 "signature")
+
+    kind: str  # "ufunc", "where" or "round"
+    name: str  # NumPy's ufunc name (or "where" / "round")
+    in_dtypes: tuple[np.dtype, ...]
+    out_dtypes: tuple[np.dtype, ...]
+    output: int  # which output of a multi-output ufunc (divmod, frexp, modf)
+    param: Any  # round's decimals; None otherwise
+    id: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the node's value."""
+        return self.out_dtypes[self.output]
+
+    def __repr__(self) -> str:
+        ins = ",".join(d.name for d in self.in_dtypes)
+        outs = ",".join(d.name for d in self.out_dtypes)
+        extra = "" if self.param is None else f", {self.param!r}"
+        pick = f"[{self.output}]" if len(self.out_dtypes) > 1 else ""
+        return f"Op({self.name}({ins})->{outs}{pick}{extra})"
+
+
+_OPS: dict[tuple, Op] = {}
+_OPS_BY_ID: list[Op] = []
+
+
+def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
+           out_dtypes: tuple[np.dtype, ...], output: int = 0, param: Any = None) -> Op:
+    """The interned `Op` for these properties."""
+    identity = (kind, name, in_dtypes, out_dtypes, output, param)
+    op = _OPS.get(identity)
+    if op is None:
+        op = object.__new__(Op)
+        op.kind, op.name, op.in_dtypes, op.out_dtypes = kind, name, in_dtypes, out_dtypes
+        op.output, op.param, op.id = output, param, len(_OPS)
+        op.signature = in_dtypes + out_dtypes
+        _OPS[identity] = op
+        _OPS_BY_ID.append(op)
+    return op
+
+
+#: structure -> key. A node's structure is (op id, child keys...); a leaf's is ("leaf", dtype)
+#: and a Python number's ("const", dtype).
+_KEYS: dict[tuple, int] = {}
+_KEY_STRUCTURE: list[tuple] = []  # key -> structure (for names and debugging)
+
+
+def _intern(structure: tuple) -> int:
+    key = _KEYS.get(structure)
+    if key is None:
+        key = _KEYS[structure] = len(_KEY_STRUCTURE)
+        _KEY_STRUCTURE.append(structure)
+    return key
+
+
+_LEAF_KEYS: dict[np.dtype, int] = {}
+_CONST_KEYS: dict[np.dtype, int] = {}
+
+
+def leaf_key(dtype: np.dtype) -> int:
+    """The key of a 0-d device array of ``dtype`` used as a leaf."""
+    key = _LEAF_KEYS.get(dtype)
+    if key is None:
+        key = _LEAF_KEYS[dtype] = _intern(("leaf", dtype))
+    return key
+
+
+def const_key(dtype: np.dtype) -> int:
+    """The key of a Python number passed to a kernel as ``dtype``."""
+    key = _CONST_KEYS.get(dtype)
+    if key is None:
+        key = _CONST_KEYS[dtype] = _intern(("const", dtype))
+    return key
+
+
+def is_node(value: Any) -> bool:
+    return type(value) is tuple
+
+
+def child_key(child: Any) -> int:
+    """The key of any child: a node's own, or that of its leaf or constant kind."""
+    if type(child) is tuple:
+        return child[0]
+    if isinstance(child, np.generic):
+        return const_key(child.dtype)
+    return leaf_key(child.dtype)
+
+
+def make_node(op: Op, children: tuple) -> tuple:
+    """A node applying ``op`` to ``children`` (nodes, 0-d device arrays, NumPy scalars)."""
+    size = 1
+    keys = [op.id]
+    for child in children:
+        if type(child) is tuple:
+            size += child[1]
+            keys.append(child[0])
+        else:
+            keys.append(child_key(child))
+    return (_intern(tuple(keys)), size, op, *children)
+
+
+def describe_structure(key: int) -> str:
+    """The structure behind ``key`` as text (ops, dtypes, leaf kinds; no values), the same in
+    every process."""
+    parts: list[str] = []
+    stack: list[Any] = [key]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            parts.append(item)
+            continue
+        structure = _KEY_STRUCTURE[item]
+        if structure[0] in ("leaf", "const"):
+            parts.append(f"{structure[0]}:{structure[1].str}")
+            continue
+        parts.append(f"{_OPS_BY_ID[structure[0]]!r}(")
+        stack.append(")")
+        for i, child in enumerate(reversed(structure[1:])):
+            if i:
+                stack.append(",")
+            stack.append(child)
+    return "".join(parts)
+
+
+def structure_name(key: int) -> str:
+    """A short name for an expression structure, the same in every process (for kernel names
+    and CuPy's on-disk cache, which is keyed by source text)."""
+    return hashlib.sha1(describe_structure(key).encode()).hexdigest()[:16]
+
+
+# ---- walks ------------------------------------------------------------------------------------
+
+
+def postorder(root: tuple) -> Iterator[tuple[Any, bool]]:
+    """Every item of the tree, children before parents, left to right: ``(item, is_node)``.
+    A subexpression used twice is visited twice (expressions are trees)."""
+    stack: list[tuple[Any, int]] = [(root, 3)]
+    while stack:
+        item, next_child = stack.pop()
+        if type(item) is not tuple:
+            yield item, False
+            continue
+        if next_child < len(item):
+            stack.append((item, next_child + 1))
+            stack.append((item[next_child], 3))
+        else:
+            yield item, True
+
+
+def leaves_of(root: tuple) -> list[Any]:
+    """The leaves and constants of ``root`` in the order its `Plan` numbers them."""
+    return [item for item, node in postorder(root) if not node]
+
+
+class Plan:
+    """How to evaluate one expression structure: ``steps`` in post-order, each ``(op, refs)``
+    where a ref ``>= 0`` is a leaf index and ``~j`` is the result of step ``j``."""
+
+    __slots__ = ("key", "steps", "leaf_kinds", "name")
+
+    def __init__(self, root: tuple) -> None:
+        self.key = root[0]
+        steps: list[tuple[Op, tuple[int, ...]]] = []
+        leaf_kinds: list[tuple[str, np.dtype]] = []
+        refs: list[int] = []
+        for item, node in postorder(root):
+            if not node:
+                kind = "const" if isinstance(item, np.generic) else "leaf"
+                refs.append(len(leaf_kinds))
+                leaf_kinds.append((kind, item.dtype))
+                continue
+            arity = len(item) - 3
+            args = tuple(refs[len(refs) - arity:])
+            del refs[len(refs) - arity:]
+            refs.append(~len(steps))
+            steps.append((item[2], args))
+        self.steps = tuple(steps)
+        self.leaf_kinds = tuple(leaf_kinds)
+        self.name = structure_name(self.key)
+
+
+_PLANS: dict[int, Plan] = {}
+
+
+def plan_of(root: tuple) -> Plan:
+    """The (cached) plan of ``root``'s structure: O(1) after the first expression of a shape."""
+    plan = _PLANS.get(root[0])
+    if plan is None:
+        plan = _PLANS[root[0]] = Plan(root)
+    return plan
+
+
+# ---- the host evaluator ---------------------------------------------------------------------
+
+
+def _apply_on_host(op: Op, args: list[Any]) -> Any:
+    """One op with NumPy, as the eager operation runs it: the same ufunc on the same loop."""
+    if op.kind == "ufunc":
+        result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
+        return result[op.output] if len(op.out_dtypes) > 1 else result
+    if op.kind == "where":
+        return np.where(*args)
+    if op.kind == "round":
+        return np.round(args[0], op.param)
+    raise AssertionError(f"unknown op kind {op.kind!r}")
+
+
+def evaluate_on_host(root: tuple, host_data: Callable[[Any], Any]) -> np.ndarray:
+    """The value of ``root`` as a NumPy 0-d array, computed with NumPy on the leaves' host data
+    (``host_data``: the backend's accessor). IEEE results, no warnings: a kernel cannot warn."""
+    plan = plan_of(root)
+    leaves = [v if isinstance(v, np.generic) else host_data(v) for v in leaves_of(root)]
+    results: list[Any] = []
+    with np.errstate(all="ignore"):
+        for op, refs in plan.steps:
+            args = [leaves[r] if r >= 0 else results[~r] for r in refs]
+            results.append(_apply_on_host(op, args))
+    return np.asarray(results[-1])
