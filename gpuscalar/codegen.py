@@ -211,7 +211,7 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
     lines.append(f"    {routine_op.routine.strip()};")
     produced = routine_op.out_types[op.output]
     result = cast_expression(produced, op.dtype, f"out{op.output}")
-    lines.append(f"    {variable} = _gs_opaque({value_type}({result}));")
+    lines.append(f"    {variable} = _gs_opaque(static_cast<{value_type}>({result}));")
     lines.append("}")
     for header in headers:
         if header not in preambles:
@@ -224,14 +224,19 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """Arguments for ``cupy.ElementwiseKernel``."""
+    """Arguments for ``cupy.ElementwiseKernel``; ``preambles`` are the distinct pieces of its
+    preamble (headers first), in order."""
 
     in_params: str
     out_params: str
     operation: str
     name: str
-    preamble: str
+    preambles: tuple[str, ...]
     loop_prep: str = ""
+
+    @property
+    def preamble(self) -> str:
+        return "\n".join(self.preambles)
 
 
 def _param_list(code: ScalarCode) -> list[str]:
@@ -247,7 +252,7 @@ def materialize_spec(root: tuple) -> KernelSpec:
         out_params=f"{code.dtype.name} _gs_out",
         operation="\n".join([*code.statements, f"_gs_out = {code.value};"]),
         name=f"gpuscalar_expr_{plan.name}",
-        preamble="\n".join(code.preambles),
+        preambles=tuple(code.preambles),
     )
 
 
@@ -320,6 +325,6 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
         out_params=", ".join(outs),
         operation="\n".join(body),
         name=f"gpuscalar_fused_{ufunc_name}_{digest}",
-        preamble="\n".join(headers + preambles),
+        preambles=tuple(headers + preambles),
         loop_prep="\n".join(loop_prep),
     )

@@ -48,6 +48,8 @@ __all__ = [
     "const_key",
     "is_node",
     "child_key",
+    "find_key",
+    "intern_key",
     "describe_structure",
     "structure_name",
     "postorder",
@@ -167,6 +169,11 @@ def _intern(structure: tuple) -> int:
         _KEY_STRUCTURE.append(structure)
     return key
 
+
+#: The hot path (gpuscalar.scalar's generated operators) builds a structure tuple itself and
+#: looks its key up here, interning it only the first time.
+find_key = _KEYS.get
+intern_key = _intern
 
 _LEAF_KEYS: dict[np.dtype, int] = {}
 _CONST_KEYS: dict[np.dtype, int] = {}

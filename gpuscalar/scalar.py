@@ -432,6 +432,10 @@ def _scalar_stand_in(operand: Any) -> Any:
     return operand.dtype
 
 
+#: (ufunc name, operand stand-ins) -> (input dtypes, one op per output)
+_LAZY_LOOPS: dict[tuple[str, tuple[Any, ...]], tuple[tuple[np.dtype, ...], tuple[Any, ...]]] = {}
+
+
 def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
                 device: object) -> Any:
     """Record ufunc ``name`` over GPUScalars and Python/NumPy scalars as pending node(s).
@@ -441,9 +445,16 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
     are converted to the loop's input dtype now, as NumPy converts them. Returns None where that
     conversion overflows (NumPy special-cases some of those, e.g. comparisons): eager decides.
     """
-    signature = promote.parity_signature(name, tuple(map(_scalar_stand_in, operands)))
-    nin = len(operands)
-    in_dtypes, out_dtypes = signature[:nin], signature[nin:]
+    stand_ins = tuple(map(_scalar_stand_in, operands))
+    found = _LAZY_LOOPS.get((name, stand_ins))
+    if found is None:
+        signature = promote.parity_signature(name, stand_ins)
+        nin = len(operands)
+        in_dtypes, out_dtypes = signature[:nin], signature[nin:]
+        found = _LAZY_LOOPS[(name, stand_ins)] = (in_dtypes, tuple(
+            expr.get_op("ufunc", name, in_dtypes, out_dtypes, k) for k in range(len(out_dtypes))
+        ))
+    in_dtypes, ops = found
     try:
         children = tuple(
             _child(op) if type(op) in _SCALAR_CLASSES else dtype.type(op)
@@ -451,33 +462,18 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
         )
     except OverflowError:
         return None
-    results = tuple(
-        _pending(backend, expr.make_node(expr.get_op("ufunc", name, in_dtypes, out_dtypes, k),
-                                         children), dtype, device)
-        for k, dtype in enumerate(out_dtypes)
-    )
-    return results[0] if len(results) == 1 else results
+    if len(ops) == 1:
+        return _pending(backend, expr.make_node(ops[0], children), ops[0].dtype, device)
+    return tuple(_pending(backend, expr.make_node(op, children), op.dtype, device) for op in ops)
 
 
-def _folded_offset(node: tuple, op: expr.Op, offset: int) -> tuple | None:
-    """``(x + c1) + c2`` as ``x + (c1 + c2)``: exact in integer (modular) arithmetic, and it keeps
-    a counter ``step = step + 1`` one node deep however many steps it counts. ``op`` is the
-    outer add/subtract (same integer loop as the inner one), ``offset`` its Python int."""
-    inner = node[2]
-    if inner.kind != "ufunc" or inner.name not in ("add", "subtract") or (
-        inner.signature != op.signature or not isinstance(node[4], np.generic)
-    ):
-        return None
-    dtype = op.dtype
+def _wrapped_int(value: int, dtype: np.dtype) -> np.generic:
+    """``value`` modulo 2**bits as a NumPy integer of ``dtype`` (two's complement)."""
     bits = dtype.itemsize * 8
-    total = (int(node[4]) if inner.name == "add" else -int(node[4])) + (
-        offset if op.name == "add" else -offset
-    )
-    wrapped = total % (1 << bits)
-    if dtype.kind == "i" and wrapped >= 1 << (bits - 1):
-        wrapped -= 1 << bits
-    add = expr.get_op("ufunc", "add", op.in_dtypes, op.out_dtypes)
-    return expr.make_node(add, (node[3], dtype.type(wrapped)))
+    value %= 1 << bits
+    if dtype.kind == "i" and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return dtype.type(value)
 
 
 def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
@@ -720,7 +716,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     note_op = sync.note_device_op
     counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
     is_lazy = expr.is_lazy
-    make_node = expr.make_node
+    find_key, intern_key = expr.find_key, expr.intern_key
     max_nodes = expr.MAX_NODES
     new = object.__new__
 
@@ -745,17 +741,27 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
     def make(name: str, reflected: bool) -> Any:
         ufunc = backend.ufunc(name)
-        # (own dtype, other's dtype or Python type) -> (op, the other operand's loop type)
-        loops: dict[tuple[Any, Any], tuple[expr.Op, type]] = {}
+        # (own dtype, other's dtype or Python type) -> (op, op id, the other operand's loop
+        # type, own leaf key, the other's leaf or constant key, result dtype)
+        loops: dict[tuple[Any, Any], tuple[Any, ...]] = {}
         foldable = name in ("add", "subtract") and not reflected
 
-        def resolve(mine: np.dtype, other: Any) -> tuple[expr.Op, type]:
-            other_stand_in = other if isinstance(other, np.dtype) else (
-                promote.python_operand_stand_in(other(0)))
+        def resolve(mine: np.dtype, other: Any) -> tuple[Any, ...]:
+            is_scalar = isinstance(other, np.dtype)
+            other_stand_in = other if is_scalar else promote.python_operand_stand_in(other(0))
             pair = (other_stand_in, mine) if reflected else (mine, other_stand_in)
             signature = promote.parity_signature(name, pair)
             op = expr.get_op("ufunc", name, signature[:2], signature[2:])
-            found = loops[(mine, other)] = (op, signature[0 if reflected else 1].type)
+            other_loop = signature[0 if reflected else 1]
+            other_key = expr.leaf_key(other) if is_scalar else expr.const_key(other_loop)
+            # x + c and x - c with a Python int in an integer loop are both recorded as one
+            # add of a wrapped constant, so a counter's step + 1 + 1 ... stays one node
+            add = None
+            if foldable and other is int and op.dtype.kind in "iu":
+                add = expr.get_op("ufunc", "add", signature[:2], signature[2:])
+            found = loops[(mine, other)] = (
+                op, op.id, other_loop.type, expr.leaf_key(mine), other_key, op.out_dtypes[0], add
+            )
             return found
 
         def operator(self: GPUScalar, other: Any) -> Any:
@@ -763,35 +769,55 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
             if kind is fast_class:
                 if is_lazy():  # both GPUScalars of this class
                     mine = self._dtype
-                    op = (loops.get((mine, other._dtype)) or resolve(mine, other._dtype))[0]
-                    left, right = (other, self) if reflected else (self, other)
-                    node = make_node(op, (
-                        left._array if left._node is None else left._node,
-                        right._array if right._node is None else right._node,
-                    ))
-                    return pending(self, node, op.out_dtypes[0])
+                    op, op_id, _, mine_key, other_key, dtype, _ = (
+                        loops.get((mine, other._dtype)) or resolve(mine, other._dtype))
+                    node, other_node = self._node, other._node
+                    if node is None:
+                        mine_child, size = self._array, 1
+                    else:
+                        mine_child, mine_key, size = node, node[0], node[1] + 1
+                    if other_node is None:
+                        other_child = other._array
+                    else:
+                        other_child, other_key = other_node, other_node[0]
+                        size += other_node[1]
+                    structure = ((op_id, other_key, mine_key) if reflected
+                                 else (op_id, mine_key, other_key))
+                    key = find_key(structure)
+                    if key is None:
+                        key = intern_key(structure)
+                    return pending(self, (key, size, op, other_child, mine_child) if reflected
+                                   else (key, size, op, mine_child, other_child), dtype)
                 other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
             elif is_lazy():
                 mine = self._dtype
-                op, loop_type = loops.get((mine, kind)) or resolve(mine, kind)
+                op, op_id, loop_type, mine_key, other_key, dtype, add = (
+                    loops.get((mine, kind)) or resolve(mine, kind))
                 try:
                     constant = loop_type(other)
                 except OverflowError:  # NumPy decides such cases eagerly (and may raise)
                     with expr.lazy(False):
                         return _binary(self, other, name, reflected)
                 node = self._node
+                if add is not None:  # exact in integer (modular) arithmetic
+                    offset = other if op is add else -other
+                    if node is not None and node[2] is add and type(node[4]) is not tuple:
+                        constant = _wrapped_int(offset + int(node[4]), dtype)
+                        return pending(self, (*node[:4], constant), dtype)
+                    op, op_id, constant = add, add.id, _wrapped_int(offset, dtype)
                 if node is None:
-                    node = make_node(op, (constant, self._array) if reflected
-                                     else (self._array, constant))
-                elif foldable and kind is int and mine.kind in "iu" and (
-                    folded := _folded_offset(node, op, other)
-                ) is not None:
-                    node = folded
+                    mine_child, size = self._array, 1
                 else:
-                    node = make_node(op, (constant, node) if reflected else (node, constant))
-                return pending(self, node, op.out_dtypes[0])
+                    mine_child, mine_key, size = node, node[0], node[1] + 1
+                structure = ((op_id, other_key, mine_key) if reflected
+                             else (op_id, mine_key, other_key))
+                key = find_key(structure)
+                if key is None:
+                    key = intern_key(structure)
+                return pending(self, (key, size, op, constant, mine_child) if reflected
+                               else (key, size, op, mine_child, constant), dtype)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
@@ -805,19 +831,27 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
     def make_unary(name: str) -> Any:
         ufunc = backend.ufunc(name)
-        ops: dict[np.dtype, expr.Op] = {}
+        ops: dict[np.dtype, tuple[Any, ...]] = {}  # own dtype -> (op, op id, leaf key, dtype)
 
-        def resolve(mine: np.dtype) -> expr.Op:
+        def resolve(mine: np.dtype) -> tuple[Any, ...]:
             signature = promote.parity_signature(name, (mine,))
-            op = ops[mine] = expr.get_op("ufunc", name, signature[:1], signature[1:])
-            return op
+            op = expr.get_op("ufunc", name, signature[:1], signature[1:])
+            found = ops[mine] = (op, op.id, expr.leaf_key(mine), op.out_dtypes[0])
+            return found
 
         def operator(self: GPUScalar) -> Any:
             if is_lazy():
-                op = ops.get(self._dtype) or resolve(self._dtype)
+                op, op_id, mine_key, dtype = ops.get(self._dtype) or resolve(self._dtype)
                 node = self._node
-                return pending(self, make_node(op, (self._array if node is None else node,)),
-                               op.out_dtypes[0])
+                if node is None:
+                    child, size = self._array, 1
+                else:
+                    child, mine_key, size = node, node[0], node[1] + 1
+                structure = (op_id, mine_key)
+                key = find_key(structure)
+                if key is None:
+                    key = intern_key(structure)
+                return pending(self, (key, size, op, child), dtype)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
@@ -830,6 +864,12 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         method = make_unary(ufunc_name)
         method.__name__ = method.__qualname__ = f"__{stem}__"
         setattr(cls, method.__name__, method)
+    # the one-operand helpers (gs.sqrt(s), ...) take the same hot path
+    cls._fast_unary = {
+        ufunc_name: make_unary(ufunc_name)
+        for ufunc_name in {*UNARY_OPERATORS.values(), *MATH_FUNCTIONS.values()}
+        if getattr(np, ufunc_name).nin == 1 and getattr(np, ufunc_name).nout == 1
+    }
 
     tables = [(BINARY_OPERATORS, ("", "r")), (COMPARISON_OPERATORS, ("",))]
     for table, prefixes in tables:
@@ -868,6 +908,9 @@ _install_operators()
 def _apply_math(name: str, *operands: Any) -> Any:
     if len(operands) == 1 and type(operands[0]) in _SCALAR_CLASSES:
         scalar = operands[0]
+        fast = type(scalar).__dict__.get("_fast_unary")
+        if fast is not None:
+            return fast[name](scalar)
         backend = scalar._backend
         if expr.is_lazy():
             return _lazy_ufunc(backend, name, operands, scalar.device)

@@ -10,6 +10,8 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import strict, sync
 
+from . import nvrtc as nvrtc_helpers
+
 #: Every backend-parametrized test runs on each: NumPy, the CuPy-strict CPU device (a duck
 #: array that refuses implicit host conversion, as CuPy does) and CuPy (skipped without a GPU).
 BACKEND_NAMES = ("numpy", "strict", "cupy")
@@ -43,6 +45,12 @@ def clean_sync_state():
     assert sync._active_counters.get() == (), "a test left a sync counter active"
     assert sync._guard_mode.get() == mode_before, "a test left a sync guard active"
     assert not sync.inside_device_op(), "a test left a device op open"
+
+
+@pytest.fixture(scope="session")
+def nvrtc():
+    """CuPy's NVRTC binding (compile checks without a GPU); skips without it, fails in CI."""
+    return nvrtc_helpers.load()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ def library_counter() -> sync.SyncCounter:
     return sync.SyncCounter(include_cupy=True)
 
 
-# ---- what CuPy refuses, the strict device refuses ---------------------------------------------
+# ---- what CuPy refuses, the strict device refuses -----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_strict_arrays_are_made_through_the_namespace_only():
         xp.asarray(gs.strict.Device(0))  # not array data
 
 
-# ---- explicit reads are declared syncs --------------------------------------------------------
+# ---- explicit reads are declared syncs ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -181,7 +181,7 @@ def test_asarray_returns_the_same_array_when_nothing_changes():
     assert same is x and cast.dtype == np.float32 and counter.device_ops == 1
 
 
-# ---- devices ------------------------------------------------------------------------------
+# ---- devices ------------------------------------------------------------------------------------
 
 
 def test_arrays_live_on_the_current_device():
@@ -219,7 +219,7 @@ def test_host_array_assignment_is_an_upload():
     assert counter.device_ops == 2 and x.get().tolist() == [0.0, 1.0, 2.0]
 
 
-# ---- interop and pickling ----------------------------------------------------------------------
+# ---- interop and pickling -----------------------------------------------------------------------
 
 
 def test_dlpack_exports_without_a_transfer():

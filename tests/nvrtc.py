@@ -1,0 +1,127 @@
+"""Compiling gpuscalar's CUDA with NVRTC, without a GPU (CI runs this; it must not skip there).
+
+`load` finds NVRTC (CuPy's binding, from the ``nvidia-cuda-nvrtc-cu12`` wheel); `compile_source`
+compiles one translation unit and fails the test with NVRTC's log; `elementwise_source` builds
+the exact source ``cupy.ElementwiseKernel`` would compile for a `gpuscalar.codegen.KernelSpec`
+(CuPy's own code generator, called with the argument kinds gpuscalar launches it with), so the
+check covers what CuPy really compiles, not an imitation of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+ARCH = "--gpu-architecture=compute_90"
+
+
+def _preload_wheel_nvrtc() -> None:
+    """Make the nvidia-cuda-nvrtc-cu12 wheel's libnvrtc findable when CuPy's own lookup
+    (cuda-pathfinder) cannot: load it by absolute path so the later dlopen by soname hits it."""
+    for base in sys.path:
+        for lib in sorted(glob.glob(os.path.join(base, "nvidia", "cuda_nvrtc", "lib",
+                                                 "libnvrtc.so*"))):
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
+
+
+def load() -> Any:
+    """CuPy's NVRTC module; skips the test where NVRTC cannot load, fails it under CI=true."""
+    problem = None
+    try:
+        from cupy_backends.cuda.libs import nvrtc as module
+
+        try:
+            module.getVersion()
+        except Exception:  # noqa: BLE001 - retry once with the wheel's library preloaded
+            _preload_wheel_nvrtc()
+            module.getVersion()
+        return module
+    except Exception as error:  # noqa: BLE001 - reported below
+        problem = f"NVRTC is not usable: {type(error).__name__}: {error}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(problem + " (CI must compile-check the CUDA sources)")
+    pytest.skip(problem)
+
+
+def cupy_options(extra: tuple[str, ...] = ()) -> list[str]:
+    """The options CuPy compiles its own kernels with (its headers, CCCL, C++17), for sm_90.
+    CUDA's own headers are added when cuda-pathfinder finds them (gpuscalar's kernels do not
+    need them; CI may not have them)."""
+    from cupy._core import core
+
+    try:
+        return list(core.assemble_cupy_compiler_options((ARCH, *extra)))
+    except RuntimeError:  # "Failed to find CUDA headers": CuPy's own include dirs suffice
+        include = os.path.join(os.path.dirname(core.__file__), "include")
+        cccl = os.path.join(include, "cupy", "_cccl")
+        return [f"-I{cccl}/cub", f"-I{cccl}/thrust", f"-I{cccl}/libcudacxx", ARCH, *extra,
+                "--std=c++17", f"-I{include}"]
+
+
+def compile_source(nvrtc: Any, source: str, name: str, options: list[str]) -> str:
+    """PTX of ``source``; a compile error fails the test with NVRTC's log."""
+    program = nvrtc.createProgram(source, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, options)
+        except Exception as error:  # noqa: BLE001 - rethrown with the compiler log
+            pytest.fail(f"{name} failed to compile: {error}\n{nvrtc.getProgramLog(program)}")
+        ptx = nvrtc.getPTX(program)
+        return ptx.decode() if isinstance(ptx, bytes) else ptx
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def elementwise_source(spec: Any, array_ndim: int = 1) -> str:
+    """The kernel function CuPy generates for ``spec`` (a KernelSpec) when gpuscalar launches
+    it: raw parameters are 0-d device arrays, ``_gs_a*`` parameters and outputs are arrays of
+    ``array_ndim`` dimensions, the other parameters are scalar values. The spec's preamble is
+    left out (`join_sources` adds each distinct preamble once)."""
+    import cupy
+    from cupy._core import _carray, _kernel, _scalar
+
+    kernel = cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation, spec.name,
+                                    loop_prep=spec.loop_prep)
+    arrays_ndim = array_ndim if any(p.name.startswith("_gs_a") for p in kernel.in_params) else 0
+    infos, in_types = [], []
+    for param in kernel.in_params:
+        dtype = np.dtype(param.dtype)
+        if param.raw:
+            infos.append(_kernel._ArgInfo(1, cupy.ndarray, dtype, 0, True, True))
+            in_types.append(dtype)
+        elif param.name.startswith("_gs_a"):
+            infos.append(_kernel._ArgInfo(1, cupy.ndarray, dtype, arrays_ndim, True, True))
+            in_types.append(dtype)
+        else:
+            infos.append(_kernel._ArgInfo(3, _scalar.CScalar, dtype, 0, True, True))
+            in_types.append(None)
+    out_types = tuple(np.dtype(p.dtype) for p in kernel.out_params)
+    infos += [_kernel._ArgInfo(1, cupy.ndarray, d, arrays_ndim, True, True) for d in out_types]
+    infos.append(_kernel._ArgInfo(2, _carray.Indexer, None, arrays_ndim, True, True))
+    _, _, type_map = kernel._decide_params_type(tuple(in_types), out_types)
+    return _kernel._get_elementwise_kernel_code(
+        tuple(infos), type_map, kernel.params, kernel.operation, kernel.name, "",
+        loop_prep=spec.loop_prep)
+
+
+def join_sources(specs: list[Any], array_ndim: int = 1) -> str:
+    """One translation unit holding every spec's kernel: CuPy's headers, each distinct preamble
+    once (in first-use order), then the kernels."""
+    from cupy._core import core
+
+    preambles: list[str] = []
+    for spec in specs:
+        preambles += [part for part in spec.preambles if part not in preambles]
+    headers = "".join(f"#include <{h}>\n" for h in core._cupy_header_list)
+    bodies = [elementwise_source(spec, array_ndim) for spec in specs]
+    return headers + "\n".join(preambles) + "\n" + "\n".join(bodies)

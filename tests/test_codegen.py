@@ -1,0 +1,212 @@
+"""CUDA generation for pending expressions: CuPy's routines and casts, determinism, no FMA
+across operations, and an NVRTC compile of every generated shape (no GPU needed)."""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar import codegen, expr
+from gpuscalar.fusion import eager_cupy_op
+
+from . import nvrtc as nv
+from . import recipes
+
+cupy = pytest.importorskip("cupy")  # the ufunc tables and code generator exist without a GPU
+
+F32, F64, I8, I64 = (np.dtype(n) for n in ("float32", "float64", "int8", "int64"))
+
+
+def shapes_of(recipe_list) -> dict[int, tuple]:
+    """The distinct pending expressions the recipes build (lazily; nothing is evaluated)."""
+    found: dict[int, tuple] = {}
+    for recipe in recipe_list:
+        with gs.lazy(True), warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            try:
+                value = recipes.build(recipe)
+            except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+                continue
+        if isinstance(value, gs.GPUScalar) and not value.is_materialized:
+            found.setdefault(value._node[0], value._node)
+    return found
+
+
+#: Structure keys whose kernels compiled in this session (each shape is compiled once).
+COMPILED: set[int] = set()
+
+
+def compile_shapes(nvrtc, shapes: dict[int, tuple], chunk: int = 250) -> int:
+    """Compile the materializing kernel of every shape not compiled yet in this session
+    (CuPy's exact source); returns how many shapes are now known to compile."""
+    specs = [codegen.materialize_spec(node) for key, node in shapes.items()
+             if key not in COMPILED]
+    options = nv.cupy_options()
+    for start in range(0, len(specs), chunk):
+        part = specs[start:start + chunk]
+        ptx = nv.compile_source(nvrtc, nv.join_sources(part, array_ndim=0), "shapes.cu", options)
+        assert all(f".entry {spec.name}" in ptx for spec in part)
+    COMPILED.update(shapes)
+    return sum(1 for key in shapes if key in COMPILED)
+
+
+def every_operation_recipes():
+    """Each operation on each dtype, with a device or Python second operand of each kind."""
+    for name, (arity, _) in sorted(recipes.OPERATIONS.items()):
+        for dtype in recipes.DTYPES:
+            for python in (None, 3, 0.5, True, 1j):
+                children = [("dev", dtype, recipes.device_value(dtype, 2.5))]
+                children += [("py", python) if python is not None else
+                             ("dev", dtype, recipes.device_value(dtype, -1.5))] * (arity - 1)
+                yield (name, *children)
+
+
+# ---- mirrors of CuPy ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "expected"),
+    [("float32", "float64", "x"), ("bool", "float32", "(x) ? 1 : 0"),
+     ("complex64", "float32", "(x).real()"), ("complex128", "bool", "(x) != "),
+     ("int8", "int64", "x")],
+)
+def test_casts_are_cupys(src, dst, expected):
+    assert codegen.cast_expression(np.dtype(src), np.dtype(dst), "x").startswith(expected)
+
+
+def test_the_exact_loop_is_preferred_and_cupys_own_choice_fills_gaps():
+    add = expr.get_op("ufunc", "add", (F32, F32), (F32,))
+    _, routine = codegen.cupy_op(add)
+    assert routine.in_types == (F32, F32) and routine.routine == "out0 = in0 + in1"
+    # CuPy has no int8 comparison loop: it compares int8 values in its int64 loop (same values)
+    less = expr.get_op("ufunc", "less", (I8, I8), (np.dtype(bool),))
+    _, routine = codegen.cupy_op(less)
+    assert routine.in_types == (I64, I64)
+    with pytest.raises(codegen.FusionUnsupported, match="no ufunc"):
+        codegen.cupy_op(expr.get_op("ufunc", "no_such_ufunc", (F32,), (F32,)))
+
+
+def test_eager_loop_choice_follows_cupys_rules():
+    multiply = cupy.multiply
+    # a weak Python float with a float32 array: the float32 loop (NEP 50, as NumPy)
+    assert eager_cupy_op(multiply, (F32, F64), (False, float), None).in_types == (F32, F32)
+    # two strong dtypes: promotion
+    assert eager_cupy_op(multiply, (F32, F64), (False, False), None).in_types == (F64, F64)
+    # dtype= pins the output loop
+    assert eager_cupy_op(multiply, (F64, F64), (False, False), F32).out_types == (F32,)
+
+
+# ---- the generated source -----------------------------------------------------------------------
+
+
+def test_source_depends_on_structure_not_values():
+    a, b = gs.asscalar(np.float32(1.25)), gs.asscalar(np.float32(-3.5))
+    first = codegen.materialize_spec(((a * 0.3 + 7.0) / a)._node)
+    second = codegen.materialize_spec(((b * 11.0 + 2.0) / b)._node)
+    assert first == second
+    assert "0.3" not in first.operation and "7" not in first.operation  # values are arguments
+    assert first.in_params.count("raw float32") == 2 and "float32 _gs_c1" in first.in_params
+
+
+def test_each_operation_value_passes_an_opaque_barrier():
+    s = gs.asscalar(2.0)
+    spec = codegen.materialize_spec((s * s + s)._node)
+    assert spec.operation.count("_gs_opaque(") == 2
+    assert codegen.OPAQUE_PREAMBLE in spec.preambles
+
+
+def test_no_fma_spans_two_operations(nvrtc):
+    """s * t + u as two eager kernels cannot be an FMA; the fused kernel must not be either."""
+    s, t, u = (gs.asscalar(v) for v in (1.1, 2.2, 3.3))
+    spec = codegen.materialize_spec((s * t + u)._node)
+    ptx = nv.compile_source(nvrtc, nv.join_sources([spec], array_ndim=0), "fma.cu",
+                            nv.cupy_options())
+    body = ptx[ptx.index(f".entry {spec.name}"):]
+    assert re.search(r"\bmul(\.rn)?\.f64", body) and re.search(r"\badd(\.rn)?\.f64", body)
+    assert not re.search(r"\bfma\.rn\.f64", body)
+
+
+def test_without_the_barrier_the_compiler_would_contract(nvrtc):
+    """The FMA check can fail: the same expression without the barrier becomes an FMA."""
+    s, t, u = (gs.asscalar(v) for v in (1.1, 2.2, 3.3))
+    spec = codegen.materialize_spec((s * t + u)._node)
+    bare = spec.operation.replace("_gs_opaque(", "(")
+    unguarded = codegen.KernelSpec(spec.in_params, spec.out_params, bare, spec.name + "_bare",
+                                   spec.preambles)
+    ptx = nv.compile_source(nvrtc, nv.join_sources([unguarded], array_ndim=0), "bare.cu",
+                            nv.cupy_options())
+    assert re.search(r"\bfma\.rn\.f64", ptx)
+
+
+def test_fused_array_kernel_computes_the_scalar_once_per_thread(nvrtc):
+    s = gs.asscalar(np.float64(0.5))
+    lr = gs.minimum(1.0, s * 3) / 10
+    routine = eager_cupy_op(cupy.multiply, (F32, F64), (False, False), F32)
+    spec = codegen.fused_spec(
+        "multiply", routine,
+        [codegen.ArrayOperand("array", F32), codegen.ArrayOperand("scalar", F64, lr._node)],
+        (F32,),
+    )
+    assert "_gs_s1_v2" in spec.loop_prep and "_gs_s1_v" not in spec.operation.replace(
+        "_gs_s1_v2", "")
+    assert "in1(_gs_s1_v2)" in spec.operation  # the scalar, cast to the loop's float32
+    nv.compile_source(nvrtc, nv.join_sources([spec]), "fused.cu", nv.cupy_options())
+
+
+@pytest.mark.parametrize("ufunc_name", ["add", "subtract", "multiply", "true_divide", "power",
+                                        "less", "maximum", "arctan2", "divmod"])
+@pytest.mark.parametrize("array_dtype", ["float16", "float32", "float64", "int32", "complex64",
+                                         "bool"])
+def test_fused_array_kernels_compile(nvrtc, ufunc_name, array_dtype):
+    array_dtype = np.dtype(array_dtype)
+    pending = (gs.asscalar(2.5) * 3 + 1)._node
+    operands = [
+        [codegen.ArrayOperand("array", array_dtype), codegen.ArrayOperand("scalar", F64, pending)],
+        [codegen.ArrayOperand("scalar", F64, pending), codegen.ArrayOperand("array", array_dtype)],
+        [codegen.ArrayOperand("array", array_dtype), codegen.ArrayOperand("scalar", F32)],
+    ]
+    ufunc = getattr(cupy, ufunc_name)
+    specs = []
+    for described in operands:
+        in_types = tuple(d.dtype for d in described)
+        try:
+            getattr(np, ufunc_name).resolve_dtypes(in_types + (None,) * ufunc.nout)
+        except TypeError:
+            continue  # NumPy has no such loop: gpuscalar raises before CuPy is asked
+        routine = eager_cupy_op(ufunc, in_types, (False, False), None)
+        if routine is None or not isinstance(routine.routine, str):
+            continue  # CuPy itself has no loop for these dtypes (eager raises too)
+        specs.append(codegen.fused_spec(ufunc_name, routine, described,
+                                        tuple(routine.out_types)))
+    if not specs:
+        pytest.skip(f"CuPy has no {ufunc_name} loop for {array_dtype}")
+    nv.compile_source(nvrtc, nv.join_sources(specs), "fused.cu", nv.cupy_options())
+
+
+# ---- every shape compiles -----------------------------------------------------------------------
+
+
+def test_every_operation_on_every_dtype_compiles(nvrtc):
+    shapes = shapes_of(every_operation_recipes())
+    assert compile_shapes(nvrtc, shapes) == len(shapes) > 500
+
+
+def test_seeded_random_shapes_compile(nvrtc):
+    rng = random.Random(2026)
+    shapes = shapes_of(recipes.random_recipe(rng) for _ in range(300))
+    assert compile_shapes(nvrtc, shapes) == len(shapes) > 100
+
+
+def test_the_compile_check_can_fail(nvrtc):
+    spec = codegen.materialize_spec((gs.asscalar(1.0) + 2.0)._node)
+    broken = codegen.KernelSpec(spec.in_params, spec.out_params,
+                                spec.operation.replace("in0 + in1", "in0 + undefined_helper(in1)"),
+                                spec.name, spec.preambles)
+    with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
+        nv.compile_source(nvrtc, nv.join_sources([broken], array_ndim=0), "broken.cu",
+                          nv.cupy_options())

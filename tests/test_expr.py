@@ -1,0 +1,294 @@
+"""Pending scalar expressions: keys, bounds, the switch, and lazy == eager bit for bit."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import math
+import os
+import subprocess
+import sys
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import gpuscalar as gs
+from gpuscalar import expr
+
+from . import recipes
+
+# ---- structure keys -----------------------------------------------------------------------------
+
+
+def test_equal_structures_share_a_key_whatever_the_values():
+    a, b = gs.asscalar(1.5), gs.asscalar(-7.25)
+    first = (a * 2.0 + 1) / a
+    second = (b * 9.0 + 4) / b
+    assert first._node[0] == second._node[0]
+    assert expr.plan_of(first._node) is expr.plan_of(second._node)
+    assert expr.leaves_of(first._node)[1] == 2.0 and expr.leaves_of(second._node)[1] == 9.0
+
+
+@pytest.mark.parametrize(
+    "other",
+    [lambda s: s * 2.0 + 1j,                    # a complex constant: another loop
+     lambda s: s * 2.0 - 1.0,                   # a different op
+     lambda s: s * gs.asscalar(2.0) + 1.0,      # a device leaf where a constant was
+     lambda s: -s * 2.0 + 1.0],                 # one node more
+)
+def test_different_structures_get_different_keys(other):
+    s = gs.asscalar(1.5)
+    assert other(s)._node[0] != (s * 2.0 + 1.0)._node[0]
+
+
+def test_dtype_is_part_of_the_structure():
+    assert (gs.asscalar(np.float32(1)) + 1.0)._node[0] != (gs.asscalar(1.0) + 1.0)._node[0]
+    # a Python int meeting a float64 loop is converted to float64: the same structure as 2.0
+    s = gs.asscalar(1.5)
+    assert (s * 2 + 1)._node[0] == (s * 2.0 + 1.0)._node[0]
+
+
+def test_python_numbers_are_arguments_converted_as_numpy_converts_them():
+    s = gs.asscalar(np.float32(1.0))
+    node = (s + 0.1)._node
+    constant = expr.leaves_of(node)[1]
+    assert type(constant) is np.float32 and constant == np.float32(0.1)
+    with pytest.raises(OverflowError, match="out of bounds for int8"):
+        gs.asscalar(np.int8(1)) + 1000  # NumPy's own error, when the node is built
+
+
+def test_pending_scalars_know_dtype_device_and_launch_nothing():
+    s = gs.asscalar(np.float32(2.0))
+    with gs.count_syncs() as counter:
+        t = gs.sqrt(s * 3 + 1) < 5.0
+    assert counter.device_ops == 0 and counter.count == 0
+    assert not t.is_materialized and t.dtype == np.bool_ and t.device == "cpu"
+    with gs.count_syncs() as counter:
+        assert bool(t) is True
+    assert counter.device_ops == 1 and counter.count == 1  # one evaluation, one transfer
+    assert t.is_materialized
+
+
+def test_a_counter_plus_one_stays_one_node():
+    step = gs.asscalar(0, dtype=np.int64)
+    for _ in range(10_000):
+        step = step + 1
+    assert step._node[1] == 1 and int(step) == 10_000
+    down = gs.asscalar(np.uint8(5)) - 7 - 1
+    with np.errstate(over="ignore"):
+        expected = int(np.uint8(5) - np.uint8(7) - np.uint8(1))
+    assert down._node[1] == 1 and int(down) == expected
+
+
+def test_walks_are_iterative():
+    op = expr.get_op("ufunc", "add", (np.dtype(float),) * 2, (np.dtype(float),))
+    node = np.asarray(0.0)
+    for _ in range(5 * sys.getrecursionlimit()):  # far deeper than any real expression
+        node = expr.make_node(op, (node, np.float64(1.0)))
+    assert len(expr.leaves_of(node)) == 5 * sys.getrecursionlimit() + 1
+    assert expr.evaluate_on_host(node, lambda a: a) == 5 * sys.getrecursionlimit()
+    assert expr.describe_structure(node[0]).count("Op(add") == 5 * sys.getrecursionlimit()
+
+
+# ---- the size bound: long loops stay bounded ----------------------------------------------------
+
+
+def test_expressions_materialize_past_the_bound():
+    total = gs.asscalar(0.0)
+    with gs.count_syncs() as counter:
+        for _ in range(expr.MAX_NODES):
+            total = total + 1.0
+        assert not total.is_materialized and total._node[1] == expr.MAX_NODES
+        total = total + 1.0
+    assert total.is_materialized and counter.device_ops == 1
+    assert total.item() == expr.MAX_NODES + 1
+
+
+def test_a_hundred_thousand_step_accumulation_is_bounded():
+    losses = [gs.sum(np.full(3, i, dtype=np.float64)) for i in range(7)]
+    total = gs.asscalar(0.0)
+    plans_before = len(expr._PLANS)
+    keys_before = len(expr._KEYS)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for step in range(100_000):
+            total = total + losses[step % 7]
+            if step == 1_000:
+                gc.collect()
+                baseline = tracemalloc.get_traced_memory()[0]
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert grown < 200_000, f"memory grew by {grown} bytes over 99,000 steps"
+    assert total._node is None or total._node[1] <= expr.MAX_NODES
+    assert len(expr._PLANS) - plans_before <= 3  # distinct evaluated structures
+    assert len(expr._KEYS) - keys_before <= expr.MAX_NODES + 5  # a chain's keys, once
+    expected = sum(3.0 * (step % 7) for step in range(100_000))
+    assert total.item() == pytest.approx(expected, rel=1e-12)
+
+
+# ---- the switch ---------------------------------------------------------------------------------
+
+
+def test_lazy_false_is_eager_and_nests():
+    s = gs.asscalar(2.0)
+    with gs.lazy(False):
+        eager = s * 3
+        with gs.lazy(True):
+            pending = s * 3
+        again = s * 3
+    assert eager.is_materialized and again.is_materialized and not pending.is_materialized
+    assert eager.item() == pending.item() == 6.0
+    assert expr.is_lazy() is expr._LAZY_DEFAULT
+
+
+def test_lazy_takes_a_bool():
+    with pytest.raises(TypeError, match="bool"):
+        with gs.lazy("no"):
+            pass  # pragma: no cover - not reached
+
+
+def _python(code: str, lazy: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != expr.LAZY_ENV_VAR}
+    if lazy is not None:
+        env[expr.LAZY_ENV_VAR] = lazy
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("value", "materialized"), [(None, False), ("1", False), ("0", True),
+                                                     ("false", True)])
+def test_environment_variable_sets_the_default(value, materialized):
+    code = "import gpuscalar as gs; print((gs.asscalar(1.0) + 1).is_materialized)"
+    result = _python(code, value)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(materialized)
+
+
+def test_invalid_environment_value_stops_the_import():
+    result = _python("import gpuscalar", "maybe")
+    assert result.returncode != 0
+    assert "GPUSCALAR_LAZY='maybe'" in result.stderr and "ValueError" in result.stderr
+
+
+# ---- lazy == eager, bit for bit -----------------------------------------------------------------
+
+#: Every shape the parity test evaluated lazily: tests/test_codegen.py compiles them all.
+GENERATED_SHAPES: dict[int, tuple] = {}
+
+_ERRORS = (TypeError, ValueError, OverflowError, ZeroDivisionError, FloatingPointError)
+
+
+def _category(error: BaseException) -> type:
+    return next(kind for kind in _ERRORS if isinstance(error, kind))
+
+
+def _evaluate(recipe, lazy: bool, like=None):
+    """("value", 0-d array) | ("raised", error category) | ("python", value)."""
+    with gs.lazy(lazy), warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            value = recipes.build(recipe, like)
+        except _ERRORS as error:
+            return "raised", _category(error)
+        if not isinstance(value, gs.GPUScalar):
+            return "python", value
+        if not value.is_materialized:
+            GENERATED_SHAPES.setdefault(value._node[0], value._node)
+        try:
+            return "value", value.array
+        except _ERRORS as error:  # a lazy expression raises where it is evaluated
+            return "raised", _category(error)
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "c":
+        return _same_bits(a.real, b.real) and _same_bits(a.imag, b.imag)
+    if a.dtype.kind == "f" and np.isnan(a) and np.isnan(b):
+        return True
+    return a.tobytes() == b.tobytes()
+
+
+def check_lazy_equals_eager(recipe, like=None) -> None:
+    eager = _evaluate(recipe, False, like)
+    lazy = _evaluate(recipe, True, like)
+    if eager[0] == "python":
+        return  # no GPUScalar involved at the root
+    assert lazy[0] == eager[0], (recipe, eager, lazy)
+    if eager[0] == "raised":
+        assert lazy[1] is eager[1], (recipe, eager, lazy)
+        return
+    host = [_host_array(v) for v in (eager[1], lazy[1])]
+    assert host[0].dtype == host[1].dtype, (recipe, host)
+    assert _same_bits(*host), (recipe, host)
+
+
+def _host_array(array):
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recipe=recipes.recipes())
+def test_random_expressions_give_the_eager_dtype_and_bits(recipe):
+    check_lazy_equals_eager(recipe)
+
+
+def test_seeded_expressions_give_the_eager_dtype_and_bits():
+    """The same check on a fixed, broad set of shapes (every operation and dtype appears)."""
+    import random
+
+    rng = random.Random(2026)
+    for _ in range(600):
+        check_lazy_equals_eager(recipes.random_recipe(rng))
+
+
+@pytest.mark.parametrize("name", sorted(recipes.OPERATIONS))
+def test_every_operation_on_every_dtype_matches_eager(name):
+    arity = recipes.OPERATIONS[name][0]
+    for dtype in recipes.DTYPES:
+        for python in (None, 3, 0.5, True, 1j):
+            children = [("dev", dtype, recipes.device_value(dtype, 2.5))]
+            children += [("py", python) if python is not None else
+                         ("dev", dtype, recipes.device_value(dtype, -1.5))] * (arity - 1)
+            check_lazy_equals_eager((name, *children))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy is not installed")
+def test_random_expressions_on_cupy_give_the_eager_bits(rng):
+    """On a GPU: the fused kernels against eager CuPy, bit for bit (skips without a device)."""
+    if not gs.gpu_available():
+        pytest.skip("CuPy needs a CUDA device, and this machine has none")
+    import random
+
+    import cupy
+
+    like = cupy.zeros(1)
+    generator = random.Random(7)
+    for _ in range(300):
+        check_lazy_equals_eager(recipes.random_recipe(generator), like)
+
+
+def test_ieee_results_without_warnings():
+    s = gs.asscalar(1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (s / 0).item() == math.inf  # lazy: evaluated as a kernel would, no warning
+
+
+def test_every_shape_the_parity_tests_built_compiles_with_nvrtc(nvrtc):
+    """The CUDA source of each expression shape built above (hypothesis, seeded, every
+    operation) compiles; run alone, this test builds the seeded shapes itself."""
+    pytest.importorskip("cupy")
+    import random
+
+    from .test_codegen import compile_shapes, shapes_of
+
+    shapes = dict(GENERATED_SHAPES)
+    shapes.update(shapes_of(recipes.random_recipe(random.Random(2026)) for _ in range(100)))
+    assert compile_shapes(nvrtc, shapes) == len(shapes)
