@@ -28,7 +28,7 @@ import numpy as np
 from . import codegen, expr
 from .backend import CUPY, Backend
 
-__all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op"]
+__all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op", "dtype_pins_loop"]
 
 #: (kind, structure...) -> compiled ElementwiseKernel, or None where fusion is unsupported.
 _KERNELS: dict[tuple, Any] = {}
@@ -179,6 +179,22 @@ def eager_cupy_op(ufunc: Any, in_types: tuple[np.dtype, ...], weaks: tuple[Any, 
         if not array_kinds or max(array_kinds) < max(scalar_kinds):
             any_weak = False
     return ufunc._ops._guess_routine_from_in_types(in_types, weaks if any_weak else None)
+
+
+_PINNED: dict[tuple[str, np.dtype], bool] = {}
+
+
+def dtype_pins_loop(name: str, dtype: np.dtype) -> bool:
+    """Whether ``cupy.<name>(..., dtype=dtype)`` runs the homogeneous ``dtype`` loop. CuPy picks
+    the first loop whose *outputs* are ``dtype``, which for a few ufuncs reads other inputs
+    (``power`` with int8: a bool loop): there, dtype= must not be passed."""
+    pinned = _PINNED.get((name, dtype))
+    if pinned is None:
+        ufunc = getattr(CUPY.xp, name)
+        op = eager_cupy_op(ufunc, (), (), dtype)
+        pinned = _PINNED[(name, dtype)] = op is not None and all(
+            t == dtype for t in (*op.in_types, *op.out_types))
+    return pinned
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],

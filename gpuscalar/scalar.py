@@ -593,7 +593,7 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             kwargs["signature"] = signature
         else:
             dtype = promote.cupy_dtype_argument(signature)
-            if dtype is not None:
+            if dtype is not None and fusion.dtype_pins_loop(name, dtype):
                 kwargs["dtype"] = dtype
     if pending:
         return fusion.fused_ufunc(backend, name, args, kwargs, pending)

@@ -30,9 +30,9 @@ import numpy as np
 
 from . import reduce as gsr
 from . import scalar as gss
-from .optim import clip_grad_norm
+from .optim import clip_grad_norm, sgd_step
 
-__all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload"]
+__all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload", "warmup_cosine"]
 
 #: The two versions of every workload, in table order.
 PATHS: tuple[str, str] = ("float", "gpuscalar")
@@ -130,18 +130,18 @@ def train_logging_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps
 
 def train_logging_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
                             log_every: int, lr: float, seed: int = 0) -> Answer:
-    """The same loop; the running loss is a GPUScalar, read once per logged window."""
+    """The same loop; the running loss is a GPUScalar expression, read once per logged window,
+    and the update is gpuscalar's fused SGD step (one kernel for ``w -= c * grad``)."""
     X, y = inputs["X"], inputs["y"]
     w = xp.zeros(d, dtype=X.dtype)
-    zero = gss.asscalar(0.0, like=X)
-    logged, running = [], zero
+    logged, running = [], 0.0
     for step in range(1, steps + 1):
         err = X @ w - y
-        running = running + gsr.mean(err * err)
+        running = running + gsr.mean(err * err)  # a pending sum: no launch of its own
         if step % log_every == 0:
-            logged.append(float(running) / log_every)  # the one sync of this window
-            running = zero
-        w -= (2.0 * lr / n) * (X.T @ err)
+            logged.append(float(running) / log_every)  # the one sync (and launch) of a window
+            running = 0.0
+        sgd_step(w, X.T @ err, lr=2.0 * lr / n)
     return {"w": w, "logged": logged}
 
 
@@ -256,16 +256,18 @@ def broadcast_ad_float(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, 
 
 def broadcast_ad_gpuscalar(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
                            lr: float, seed: int = 0) -> Answer:
-    """The same backward with `gpuscalar.unbroadcast`: scalar gradients stay on the device."""
+    """The same backward with `gpuscalar.unbroadcast`: the scalar gradients stay on the device,
+    and the scalar updates are expressions computed inside the next step's array kernels. The
+    row vector's update is gpuscalar's fused SGD step."""
     x, target = inputs["x"], inputs["target"]
-    a = b = gss.asscalar(0.0, like=x)
+    a = b = 0.0
     s = xp.zeros(cols, dtype=x.dtype)
     scale = 2.0 / (rows * cols)
     for _ in range(steps):
         dpred = scale * (a * x + b + s - target)
         a = a - lr * gsr.unbroadcast(dpred * x, ())
         b = b - lr * gsr.unbroadcast(dpred, ())
-        s -= lr * gsr.unbroadcast(dpred, s.shape)
+        sgd_step(s, gsr.unbroadcast(dpred, s.shape), lr=lr)
     return {"a": float(a), "b": float(b), "s": s}  # the fitted scalars: two syncs
 
 
@@ -348,6 +350,16 @@ def _schedule_inputs(xp: ModuleType, params: Params) -> Inputs:
     return {"w0": xp.asarray(rng.standard_normal(n)), "target": xp.asarray(rng.standard_normal(n))}
 
 
+def warmup_cosine(xp: ModuleType, step: Any, *, steps: int, warmup: int, base_lr: float,
+                  min_lr: float) -> Any:
+    """Warm-up then cosine decay of the learning rate at ``step`` (1-based): a GPUScalar for
+    a device step counter, an array for an array of steps (one formula for both)."""
+    warm = base_lr * step / warmup
+    progress = (step - warmup) / (steps - warmup)
+    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + xp.cos(math.pi * progress))
+    return gss.where(step <= warmup, warm, cosine)
+
+
 def lr_schedule_float(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
                       base_lr: float, min_lr: float, seed: int = 0) -> Answer:
     """The step counter lives on the device with the optimizer state (as in fused/capturable
@@ -370,20 +382,17 @@ def lr_schedule_float(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, war
 
 def lr_schedule_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
                           base_lr: float, min_lr: float, seed: int = 0) -> Answer:
-    """The same schedule computed on the device counter with `gpuscalar.where`; the rates are
-    returned as one device array (no sync at all)."""
+    """The same schedule computed from a device step counter: a pending expression that the
+    fused SGD step computes in its own kernel, so a step is two launches (the gradient and the
+    update) and no sync. The trace of rates is the same formula over all steps at once."""
     w = inputs["w0"].copy()
     step = gss.asscalar(0, like=w, dtype=np.int64)
-    rates = []
+    schedule = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
     for _ in range(steps):
-        step = step + 1
-        warm = base_lr * step / warmup
-        progress = (step - warmup) / (steps - warmup)
-        cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + xp.cos(math.pi * progress))
-        lr = gss.where(step <= warmup, warm, cosine)
-        rates.append(lr.array)
-        w -= lr * (w - inputs["target"])
-    return {"w": w, "lr": xp.stack(rates)}
+        step = step + 1  # stays one node however many steps it counts
+        sgd_step(w, w - inputs["target"], lr=warmup_cosine(xp, step, **schedule))
+    rates = warmup_cosine(xp, xp.arange(1, steps + 1, dtype=xp.int64), **schedule)
+    return {"w": w, "lr": rates}
 
 
 def _validate_schedule(params: Params) -> None:

@@ -141,3 +141,13 @@ def test_materialization_is_one_counted_op_on_every_host_backend(xp):
     with gs.count_syncs() as counter:
         array = pending.array
     assert counter.device_ops == 1 and type(array) is type(xp.zeros(1))
+
+
+def test_dtype_argument_is_only_given_where_it_pins_cupys_loop():
+    pytest.importorskip("cupy")  # CuPy's ufunc tables exist without a device
+    from gpuscalar import fusion
+
+    assert fusion.dtype_pins_loop("add", np.dtype(np.float32))
+    assert fusion.dtype_pins_loop("true_divide", np.dtype(np.float64))
+    # CuPy's first int8-output power loop reads bools: dtype=int8 would cast the inputs to bool
+    assert not fusion.dtype_pins_loop("power", np.dtype(np.int8))

@@ -15,7 +15,7 @@ import gpuscalar as gs
 from gpuscalar import strict
 from gpuscalar.scalar import BINARY_OPERATORS, COMPARISON_OPERATORS, UNARY_OPERATORS
 
-from .helpers import host
+from .helpers import backend_name, host
 
 #: Every test here runs with lazy GPUScalar expressions and again eagerly.
 pytestmark = pytest.mark.usefixtures("scalar_mode")
@@ -389,3 +389,50 @@ def test_apply_ufunc_with_out_array_updates_in_place():
     x = np.zeros(3, dtype=np.float32)
     result = apply_ufunc("add", np.arange(3, dtype=np.float32), gs.asscalar(2.0), out=x)
     assert result is x and x.tolist() == [2.0, 3.0, 4.0] and x.dtype == np.float32
+
+
+# ---- interop without a host round trip ----------------------------------------------------------
+
+
+def test_dlpack_exports_the_zero_d_array_without_copy_or_sync(xp):
+    s = gs.asscalar(2.5, like=xp.zeros(1, dtype=xp.float32)) * 2  # pending when lazy
+    counter = gs.sync.SyncCounter(include_cupy=True)  # the device's own reads count too
+    with gs.sync._activate(counter):
+        device = s.__dlpack_device__()
+        if backend_name(xp) == "cupy":
+            exported = xp.from_dlpack(s)
+        else:
+            exported = np.from_dlpack(s)
+    assert counter.count == 0 and s.is_materialized
+    assert exported.shape == () and exported.dtype == np.float32
+    if backend_name(xp) == "numpy":
+        assert np.shares_memory(exported, s.array) and device == (1, 0)
+    assert host(exported).item() == 5.0
+
+
+def test_cuda_array_interface_only_on_cupy(xp):
+    s = gs.asscalar(1.0, like=xp.zeros(1))
+    if backend_name(xp) == "cupy":
+        interface = s.__cuda_array_interface__
+        assert interface["shape"] == () and interface["data"][0] == s.array.data.ptr
+        assert xp.asarray(s).data.ptr == s.array.data.ptr  # no copy
+    else:
+        assert not hasattr(s, "__cuda_array_interface__")
+        with pytest.raises(AttributeError, match="DLPack"):
+            s.__cuda_array_interface__  # noqa: B018
+
+
+@pytest.mark.cupy
+def test_torch_and_numba_take_a_cupy_gpuscalar_without_a_copy():
+    """On a GPU machine (which has both): DLPack and the CUDA Array Interface, no copy."""
+    if not gs.gpu_available():
+        pytest.skip("CuPy needs a CUDA device, and this machine has none")
+    import cupy
+
+    torch = pytest.importorskip("torch")
+    numba_cuda = pytest.importorskip("numba.cuda")
+    s = gs.asscalar(3.0, like=cupy.zeros(1)) * 2
+    tensor = torch.from_dlpack(s)
+    assert tensor.shape == () and tensor.data_ptr() == s.array.data.ptr
+    assert numba_cuda.as_cuda_array(s).__cuda_array_interface__["data"][0] == s.array.data.ptr
+    assert float(tensor) == 6.0
