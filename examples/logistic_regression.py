@@ -3,9 +3,10 @@
 Why this example exists: it is the smallest complete training loop that uses everything a
 device-resident scalar is for, and proves it by counting. The backward pass is written by hand
 with gpuscalar.ad; gradients are clipped with gpuscalar.optim.clip_grad_norm (the norm stays on
-the device); Adam's learning rate follows a warm-up schedule computed on the device from the
-optimizer's device step counter. The only host reads are the logged losses, so the number of
-syncs printed at the end equals the number of logged values.
+the device); Adam updates the weight arrays themselves, in place, and its learning rate follows a
+warm-up schedule computed on the device from the optimizer's live step counter. The only host
+reads are the logged losses, so the number of syncs printed at the end equals the number of
+logged values.
 
 Runs on CuPy when a GPU is present, else NumPy:  python examples/logistic_regression.py
 """
@@ -30,8 +31,9 @@ def main() -> None:
     y_host = np.where(X_host @ true_w + 0.3 * rng.standard_normal(N_SAMPLES) > 0, 1.0, -1.0)
     X, y = xp.asarray(X_host, dtype=xp.float32), xp.asarray(y_host, dtype=xp.float32)
 
-    opt = optim.Adam([xp.zeros(N_FEATURES, dtype=xp.float32), xp.zeros(1, dtype=xp.float32)])
-    w, b = opt.params  # views into the optimizer's flat buffer, updated in place
+    w = xp.zeros(N_FEATURES, dtype=xp.float32)
+    b = xp.zeros(1, dtype=xp.float32)
+    opt = optim.Adam([w, b])  # each step updates w and b themselves, in place
 
     logged = 0
     with gs.count_syncs() as counter:

@@ -80,6 +80,11 @@ class Backend:
         """An array of this backend over NumPy ``data``, on the device of the array ``like``."""
         raise NotImplementedError(f"the {self.name} backend does not evaluate on the host")
 
+    def data_address(self, array: Any) -> int:
+        """The address of an array's first element (no transfer): what a kernel's pointer table
+        holds (gpuscalar.optim), and what overlap checks compare."""
+        return int(self.host_data(array).__array_interface__["data"][0])
+
     def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue one device operation, counted. Every op gpuscalar issues goes through here."""
         sync.note_device_op()
@@ -175,19 +180,37 @@ class CupyBackend(Backend):
     #: NVRTC options for every kernel gpuscalar ships (tests/test_kernels.py compiles with these).
     kernel_options: tuple[str, ...] = ("--std=c++17",)
 
-    def launch_kernel(self, source: str, name: str, size: int, args: list[Any]) -> None:
+    def launch_kernel(
+        self,
+        source: str,
+        name: str,
+        size: int,
+        args: list[Any] | tuple[Any, ...],
+        *,
+        grid: int | None = None,
+        block: int = 256,
+    ) -> None:
         """Compile ``source`` (cached by text) and launch kernel ``name`` over ``size`` elements
         with a grid-stride loop: one counted device op. 0-d arrays in ``args`` are passed as
-        device pointers, so the kernel reads device scalars itself (no sync)."""
+        device pointers, so the kernel reads device scalars itself (no sync). ``grid`` (blocks)
+        overrides the grid computed from ``size``, for kernels that index their own work."""
         cache = self.__dict__.setdefault("_kernels", {})
         kernel = cache.get((source, name))
         if kernel is None:
             kernel = cache[(source, name)] = self.xp.RawKernel(
                 source, name, options=self.kernel_options
             )
-        block = 256
-        grid = max(1, min((size + block - 1) // block, 65535))
+        if grid is None:
+            grid = max(1, min((size + block - 1) // block, 65535))
         self.call(kernel, (grid,), (block,), tuple(args))
+
+    def data_address(self, array: Any) -> int:
+        return int(array.data.ptr)
+
+    def upload(self, array: Any, host: np.ndarray) -> None:
+        """Copy NumPy ``host`` into the contiguous device ``array``: one counted device op,
+        asynchronous on the current stream (CuPy stages pageable host memory; no device sync)."""
+        self.call(array.set, host, self.xp.cuda.get_current_stream())
 
     # ---- end of fused kernels ----
 

@@ -40,6 +40,9 @@ __all__ = [
     "cast_expression",
     "cupy_op",
     "scalar_code",
+    "plan_code",
+    "raw_kernel_params",
+    "cupy_headers",
     "leaf_code",
     "materialize_spec",
     "ArrayOperand",
@@ -171,7 +174,11 @@ def scalar_code(root: tuple, prefix: str) -> ScalarCode:
     Device leaves are parameters read as ``name[0]`` (a raw 0-d CArray in an ElementwiseKernel
     or a pointer in a raw kernel), constants are value parameters of their loop dtype.
     """
-    plan = expr.plan_of(root)
+    return plan_code(expr.plan_of(root), prefix)
+
+
+def plan_code(plan: expr.Plan, prefix: str) -> ScalarCode:
+    """`scalar_code` for every expression of ``plan``'s structure."""
     code = ScalarCode(preambles=[OPAQUE_PREAMBLE])
     sources: list[tuple[str, np.dtype]] = []
     for index, (kind, dtype) in enumerate(plan.leaf_kinds):
@@ -217,6 +224,21 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
         if header not in preambles:
             preambles.insert(0, header)
     return lines
+
+
+def raw_kernel_params(code: ScalarCode) -> list[str]:
+    """``code``'s parameters as a ``RawKernel`` declares them: a device leaf is a pointer to its
+    0-d array, a constant a value of its dtype's C type."""
+    return [f"const {cuda_type(dtype)}* __restrict__ {name}" if leaf
+            else f"const {cuda_type(dtype)} {name}" for name, dtype, leaf in code.params]
+
+
+def cupy_headers() -> str:
+    """The headers CuPy puts before every elementwise kernel (complex, CArray, ...): a raw
+    kernel that runs CuPy's routines includes them itself."""
+    from cupy._core import core  # noqa: PLC0415
+
+    return "".join(f"#include <{header}>\n" for header in core._cupy_header_list)
 
 
 # ---- kernels -----------------------------------------------------------------------------------

@@ -56,7 +56,9 @@ __all__ = [
     "leaves_of",
     "Plan",
     "plan_of",
+    "plan_for_key",
     "evaluate_on_host",
+    "evaluate_plan",
     "lazy",
     "is_lazy",
 ]
@@ -327,11 +329,21 @@ def _apply_on_host(op: Op, args: list[Any]) -> Any:
     raise AssertionError(f"unknown op kind {op.kind!r}")
 
 
+def plan_for_key(key: int) -> Plan:
+    """The plan of a structure already planned in this process (`plan_of` made it)."""
+    return _PLANS[key]
+
+
 def evaluate_on_host(root: tuple, host_data: Callable[[Any], Any]) -> np.ndarray:
     """The value of ``root`` as a NumPy 0-d array, computed with NumPy on the leaves' host data
     (``host_data``: the backend's accessor). IEEE results, no warnings: a kernel cannot warn."""
-    plan = plan_of(root)
-    leaves = [v if isinstance(v, np.generic) else host_data(v) for v in leaves_of(root)]
+    return evaluate_plan(plan_of(root), leaves_of(root), host_data)
+
+
+def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
+                  host_data: Callable[[Any], Any]) -> np.ndarray:
+    """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
+    leaves = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
     results: list[Any] = []
     with np.errstate(all="ignore"):
         for op, refs in plan.steps:

@@ -1,29 +1,40 @@
-"""Fused optimizer steps, sync-free gradient clipping and on-device skipping.
+"""Fused optimizer steps on the user's own arrays, sync-free clipping and on-device skipping.
 
 Why this module exists: an optimizer step is where device scalars pay off or are wasted. A
 learning-rate schedule, Adam's bias correction from the step count, a clipping coefficient from
 the gradient norm, a "skip this step, the gradients overflowed" flag: in most Python code each of
 these is a Python float or bool, so computing it from device values costs a synchronization per
-step. Here every hyperparameter may be a `GPUScalar`, read by the kernel through a pointer, and
+step. Here every hyperparameter may be a `GPUScalar`, read by the kernel on the device, and
 nothing is ever read back to the host.
 
 Each update rule is written once, as a `Program`: per-element expression strings in the common
 subset of Python and C (``+ - * /``, comparisons, ``sqrt``, ``pow``, ``select``, ``minimum``).
-On NumPy the strings are evaluated with NumPy inside ONE counted backend call (the CPU stand-in
-for one kernel); on CuPy they are pasted into a CUDA kernel (``kernels/fused_elementwise.cu``
-supplies the helpers), compiled once per variant and launched once. The two paths share the
-math by construction.
+On NumPy (and the strict device) the strings are evaluated with NumPy inside ONE counted backend
+call (the CPU stand-in for one kernel); on CuPy they are pasted into a CUDA kernel
+(``kernels/fused_elementwise.cu`` supplies the helpers), compiled once per variant and launched
+once. The two paths share the math by construction.
 
-The optimizer classes keep each dtype group's parameters, gradients and state in flat buffers
-(the user's parameters become views into them, ``opt.params``), so a step is O(1) launches per
-dtype group however many tensors there are, as PyTorch's fused/foreach Adam is.
+Kernels come in two layouts. The functional steps (`adam_step`, `sgd_step`) update one tensor
+with a grid-stride loop. The optimizer classes (`Adam`, `AdamW`, `SGD`) update the arrays the
+user passed, in place, with a *multi-tensor* kernel: one launch per dtype group per step however
+many tensors, each block reading its tensor's addresses from a device-side table (one address
+table per array role, and a block table of (tensor, start, end) chunks), as PyTorch's
+``multi_tensor_apply`` does. The parameter and state tables are built once; the gradient table is
+re-uploaded (one counted op) only when the gradient arrays differ from the previous step's.
+
+How a kernel receives each scalar (the learning rate, betas, the step, ``skip_if`` ...) is
+decided in one place, `_route`: a Python number by value, a GPUScalar through a pointer to its
+0-d array, a pending GPUScalar expression computed in the kernel's prelude (one code generator,
+`gpuscalar.codegen`, serves these preludes and the fused scalar kernels), the optimizer's live
+step counter through a pointer with the arithmetic inlined.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -31,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from . import reduce
-from .backend import Backend, backend_of
-from .scalar import GPUScalar, _array_of, _wrap, minimum
+from . import codegen, expr, reduce
+from .backend import NUMPY, Backend, backend_of
+from .scalar import GPUScalar, _array_of, _node_of, _wrap, apply_ufunc, minimum
 
 __all__ = [
     "Program",
@@ -43,7 +54,11 @@ __all__ = [
     "SGD_MOMENTUM",
     "SGD_NESTEROV",
     "PROGRAMS",
+    "KERNEL_DTYPES",
+    "POINTER_CTYPES",
+    "COUNTER_READS",
     "kernel_source",
+    "counter_source",
     "adam_step",
     "sgd_step",
     "clip_grad_norm",
@@ -56,7 +71,7 @@ __all__ = [
 
 #: dtypes the fused kernels are generated for (NumPy name -> C type).
 KERNEL_DTYPES: dict[str, str] = {"float32": "float", "float64": "double"}
-#: C type of a hyperparameter read through a pointer, by the GPUScalar's dtype.
+#: C type of a scalar read through a pointer, by the 0-d array's dtype.
 POINTER_CTYPES: dict[str, str] = {
     "float32": "float",
     "float64": "double",
@@ -73,6 +88,15 @@ NUMPY_HELPERS: dict[str, Any] = {
     "select": np.where,
     "minimum": np.minimum,
 }
+#: What a class kernel computes from the live step counter ``{0}`` (an int64 read on the device),
+#: in the common subset of Python and C: Adam's 1-based step, and SGD's "no history yet" flag.
+COUNTER_READS: dict[str, str] = {"step": "({0} + 1)", "fresh": "({0} == 0)"}
+
+#: Multi-tensor kernels: elements per block (a chunk of one tensor), threads per block, and
+#: elements each thread loads before computing (memory-level parallelism).
+MULTI_TENSOR_CHUNK = 4096
+MULTI_TENSOR_BLOCK = 256
+MULTI_TENSOR_ILP = 4
 
 
 @dataclass(frozen=True)
@@ -167,6 +191,124 @@ SGD_NESTEROV = Program(
 PROGRAMS: tuple[Program, ...] = (ADAM, ADAMW, SGD_PLAIN, SGD_MOMENTUM, SGD_NESTEROV)
 
 
+# ---- how a kernel receives one scalar ------------------------------------------------------
+#
+# A scalar's *kind* is the part of a kernel's identity it decides (a kernel-cache key, never a
+# value); its *leaves* are the runtime arguments the kernel receives for it. Kinds:
+#   ("value",)              a Python number, passed by value as the arrays' type T
+#   ("pointer", dtype)      a GPUScalar's 0-d array of ``dtype``, dereferenced by the kernel
+#   ("counter", read)       the optimizer's int64 step counter, through a pointer, with the
+#                           arithmetic COUNTER_READS[read] inlined into the prelude
+#   ("pending", key)        a pending (lazy) GPUScalar of that expression structure: its leaves
+#                           (0-d arrays and constants) are parameters, and the prelude computes
+#                           it with gpuscalar.codegen's code (CuPy's routines, FMA barriers), so
+#                           ``opt.lr = base * gs.minimum(1, (opt.step_count + 1) / warmup)``
+#                           costs no launch of its own; on the host, gpuscalar.expr evaluates it
+# `_kernel_arguments` passes leaves as they are.
+
+ScalarKind = tuple
+_VALUE: ScalarKind = ("value",)
+
+
+class _CounterRead:
+    """A value the kernel derives from a live int64 counter buffer on the device."""
+
+    __slots__ = ("array", "read")
+
+    def __init__(self, array: Any, read: str) -> None:
+        self.array, self.read = array, read
+
+
+def _route(value: Any) -> tuple[ScalarKind, tuple[Any, ...]]:
+    """THE one place that decides how a fused kernel receives a scalar: ``(kind, leaves)``.
+
+    ``value`` is a Python number, a GPUScalar, or a `_CounterRead`; it is already validated.
+    A pending GPUScalar is computed by the kernel itself, in its prelude: no launch of its own.
+    """
+    if isinstance(value, GPUScalar):
+        node = _node_of(value)
+        if node is not None:
+            return ("pending", expr.plan_of(node).key), tuple(expr.leaves_of(node))
+        array = _array_of(value)
+        return ("pointer", array.dtype.name), (array,)
+    if type(value) is _CounterRead:
+        return ("counter", value.read), (value.array,)
+    return _VALUE, (value,)
+
+
+def _kernel_arguments(kind: ScalarKind, leaves: tuple[Any, ...], ctype: type) -> tuple:
+    """A scalar's kernel arguments, in the order `_scalar_declaration` declares them; ``ctype``
+    is the NumPy scalar type of the kernel's T (a by-value number is converted to it)."""
+    if kind[0] == "value":
+        return (ctype(leaves[0]),)
+    return leaves
+
+
+@dataclass(frozen=True)
+class _ScalarCode:
+    """How a kernel declares one scalar: its parameters, the prelude statements that end by
+    defining the scalar's name, and any preamble code they need (emitted once, before the
+    kernel, in first-use order)."""
+
+    params: tuple[str, ...]
+    statements: tuple[str, ...]
+    preambles: tuple[str, ...] = ()
+
+
+def _preambles(codes: Sequence[_ScalarCode]) -> list[str]:
+    """The preambles the scalars' code needs, each once, in first-use order."""
+    return list(dict.fromkeys(p for code in codes for p in code.preambles))
+
+
+def _scalar_declaration(name: str, kind: ScalarKind, ctype: str = "T") -> _ScalarCode:
+    """The code that gives a kernel scalar ``name`` (of C type ``ctype``) of ``kind``. Every
+    identifier it adds starts with ``name``."""
+    tag = kind[0]
+    if tag == "value":
+        return _ScalarCode((f"const T {name}_val",),
+                           (f"const {ctype} {name} = ({ctype})({name}_val);",))
+    if tag == "pointer":
+        return _ScalarCode((f"const {POINTER_CTYPES[kind[1]]}* __restrict__ {name}_ptr",),
+                           (f"const {ctype} {name} = ({ctype})(*{name}_ptr);",))
+    if tag == "counter":
+        read = COUNTER_READS[kind[1]].format(f"(*{name}_ptr)")
+        return _ScalarCode((f"const long long* __restrict__ {name}_ptr",),
+                           (f"const {ctype} {name} = ({ctype}){read};",))
+    if tag == "pending":  # the expression's own code (gpuscalar.codegen), then the cast to T
+        code = codegen.plan_code(expr.plan_for_key(kind[1]), f"{name}_")
+        return _ScalarCode(
+            tuple(codegen.raw_kernel_params(code)),
+            (*code.statements, f"const {ctype} {name} = ({ctype})({code.value});"),
+            (codegen.cupy_headers(), *code.preambles),
+        )
+    raise ValueError(f"unknown scalar kind {kind!r}")
+
+
+def _host_scalar(backend: Backend, kind: ScalarKind, leaves: tuple[Any, ...]) -> Any:
+    """The value a kernel would compute for a scalar, on a host-evaluating backend (called
+    inside the counted device op, where reading the device data is the device's own work)."""
+    tag = kind[0]
+    if tag == "value":
+        return leaves[0]
+    if tag == "pointer":
+        return backend.host_data(leaves[0])
+    if tag == "counter":
+        code = _compiled(COUNTER_READS[kind[1]].format("counter"))
+        return eval(code, {"counter": backend.host_data(leaves[0])})  # noqa: S307 - ours
+    if tag == "pending":
+        return expr.evaluate_plan(expr.plan_for_key(kind[1]), leaves, backend.host_data)
+    raise ValueError(f"unknown scalar kind {kind!r}")
+
+
+def _normalized_kind(kind: Any) -> ScalarKind:
+    """Shorthands accepted by `kernel_source`: None (by value), a dtype name (pointer)."""
+    if kind is None:
+        return _VALUE
+    if isinstance(kind, str):
+        return ("pointer", kind)
+    return tuple(kind)
+
+
 # ---- the two evaluators of a Program ------------------------------------------------------
 
 
@@ -175,33 +317,38 @@ def _compiled(expression: str) -> Any:
     return compile(expression, f"<gpuscalar expression {expression!r}>", "eval")
 
 
-def _evaluate_numpy(
-    program: Program, scalars: dict[str, Any], arrays: dict[str, Any], skip: Any
+def _evaluate_host(
+    backend: Backend,
+    program: Program,
+    scalars: Sequence[tuple[ScalarKind, tuple]],
+    tensors: Sequence[Mapping[str, np.ndarray]],
+    skip: tuple[ScalarKind, tuple] | None,
 ) -> None:
-    """The CPU stand-in for one kernel launch: the Program's math, with NumPy, in place.
+    """The CPU stand-in for one kernel launch: ``program`` over every tensor, in place.
 
-    Scalars are cast to the arrays' dtype first, as the CUDA kernel does. ``skip`` (a 0-d bool
-    array or None) keeps every output unchanged where true, without branching on its value.
+    ``scalars`` are routed scalars in ``program.scalars`` order and ``tensors`` maps each of the
+    program's arrays to its NumPy data, per tensor. Scalars are cast to the arrays' dtype first,
+    as the CUDA kernel does. When ``skip`` holds true, nothing is written (the kernel returns).
     """
+    if skip is not None and bool(_host_scalar(backend, *skip)):
+        return
+    if not tensors:
+        return
+    dtype = tensors[0][program.arrays[0]].dtype
     with np.errstate(all="ignore"):  # IEEE results, no warnings: a kernel cannot warn either
-        _evaluate_numpy_quietly(program, scalars, arrays, skip)
-
-
-def _evaluate_numpy_quietly(
-    program: Program, scalars: dict[str, Any], arrays: dict[str, Any], skip: Any
-) -> None:
-    dtype = arrays[program.arrays[0]].dtype
-    env: dict[str, Any] = dict(NUMPY_HELPERS)
-    for name in program.scalars:
-        env[name] = np.asarray(scalars[name]).astype(dtype)
-    for name, expression in program.prelude:
-        env[name] = eval(_compiled(expression), env)  # noqa: S307 - library-owned expressions
-    env.update(arrays)
-    for name, expression in program.body:
-        env[name] = eval(_compiled(expression), env)  # noqa: S307
-    keep = True if skip is None else np.logical_not(skip)
-    for array_name, temporary in program.outputs:
-        np.copyto(arrays[array_name], env[temporary], casting="same_kind", where=keep)
+        env: dict[str, Any] = dict(NUMPY_HELPERS)
+        for name, routed in zip(program.scalars, scalars, strict=True):
+            env[name] = np.asarray(_host_scalar(backend, *routed)).astype(dtype)
+        for name, expression in program.prelude:
+            env[name] = eval(_compiled(expression), env)  # noqa: S307 - library-owned strings
+        body = [(name, _compiled(expression)) for name, expression in program.body]
+        for arrays in tensors:
+            local = dict(env)
+            local.update(arrays)
+            for name, code in body:
+                local[name] = eval(code, local)  # noqa: S307
+            for array_name, temporary in program.outputs:
+                np.copyto(arrays[array_name], local[temporary], casting="same_kind")
 
 
 @cache
@@ -210,48 +357,149 @@ def _header() -> str:
 
 
 def kernel_source(
-    program: Program, dtype: str, scalar_kinds: Sequence[str | None], has_skip: bool
+    program: Program,
+    dtype: str,
+    scalar_kinds: Sequence[Any],
+    skip: Any = None,
+    *,
+    multi_tensor: bool = False,
 ) -> tuple[str, str]:
     """CUDA source and kernel name for ``program`` on arrays of ``dtype`` (``"float32"`` or
     ``"float64"``).
 
-    ``scalar_kinds`` gives, per scalar in ``program.scalars``, the NumPy dtype name of the 0-d
-    device array it is read from through a pointer, or None for a plain value of the array's
-    type. ``has_skip`` adds a ``const bool*`` argument: when it points to true the kernel
-    returns before touching anything.
+    ``scalar_kinds`` gives, per scalar in ``program.scalars``, how the kernel receives it: None
+    (a plain value of the arrays' type), the NumPy dtype name of the 0-d device array it is read
+    from through a pointer, or a full kind (see `_route`, e.g. ``("counter", "step")``).
+    ``skip``: None or False for no skip flag, True for a ``const bool*``, or a kind; when it
+    reads true the kernel returns before touching anything.
+
+    The single-tensor layout takes ``n`` and one pointer per array and loops grid-stride. The
+    ``multi_tensor`` layout takes, per array, a device table of tensor addresses
+    (``<array>_t``), and a block table ``blocks`` of 3 rows (tensor, start, end) by
+    ``n_blocks``: block ``b`` updates elements ``[start, end)`` of tensor ``blocks[b]``.
     """
+    kinds = tuple(_normalized_kind(k) for k in scalar_kinds)
+    if len(kinds) != len(program.scalars):
+        raise ValueError(f"{program.name} has {len(program.scalars)} scalars "
+                         f"{program.scalars}, got {len(kinds)} kinds")
+    if skip is None or skip is False:
+        skip_kind = None
+    else:
+        skip_kind = ("pointer", "bool") if skip is True else _normalized_kind(skip)
+    return _kernel_source(program, dtype, kinds, skip_kind, multi_tensor)
+
+
+@cache
+def _kernel_source(
+    program: Program,
+    dtype: str,
+    kinds: tuple[ScalarKind, ...],
+    skip: ScalarKind | None,
+    multi_tensor: bool,
+) -> tuple[str, str]:
     ctype = KERNEL_DTYPES[dtype]
-    kernel = f"gpuscalar_{program.name}_{dtype}"
-    params = ["const long long n"]
+    kernel = f"gpuscalar_{program.name}_{dtype}{'_mt' if multi_tensor else ''}"
     written = {array for array, _ in program.outputs}
-    params += [
-        f"{'' if name in written else 'const '}{ctype}* __restrict__ {name}_p"
+
+    def qualifier(name: str) -> str:
+        return "" if name in written else "const "
+
+    if multi_tensor:
+        params = [f"const long long* __restrict__ {name}_t" for name in program.arrays]
+        params += ["const long long* __restrict__ blocks", "const long long n_blocks"]
+    else:
+        params = ["const long long n"]
+        params += [f"{qualifier(name)}T* __restrict__ {name}_p" for name in program.arrays]
+    codes = [_scalar_declaration(name, kind)
+             for name, kind in zip(program.scalars, kinds, strict=True)]
+    prelude: list[str] = []
+    for code in codes:
+        params += code.params
+        prelude += code.statements
+    if skip is not None:  # the flag is read first: a skipped step reads nothing else
+        skip_code = _scalar_declaration("skip", skip, "bool")
+        params += skip_code.params
+        prelude = [*skip_code.statements, "if (skip) return;", *prelude]
+        codes.insert(0, skip_code)
+    prelude += [f"const T {name} = {expression};" for name, expression in program.prelude]
+
+    def element(indent: str, load: Callable[[str], str]) -> list[str]:
+        lines = [f"const T {name} = {load(name)};" for name in program.arrays]
+        lines += [f"const T {name} = {expression};" for name, expression in program.body]
+        lines += [f"{array}_p[gs_i] = {temporary};" for array, temporary in program.outputs]
+        return [indent + line for line in lines]
+
+    lines = [_header(), f"typedef {ctype} T;", *_preambles(codes), ""]
+    lines.append(f'extern "C" __global__ void {kernel}(' + ", ".join(params) + ") {")
+    lines += ["    " + line for line in prelude]
+    if not multi_tensor:
+        lines.append(
+            "    for (long long gs_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;"
+            " gs_i < n; gs_i += (long long)blockDim.x * gridDim.x) {"
+        )
+        lines += element("        ", lambda name: f"{name}_p[gs_i]")
+        lines += ["    }", "}", ""]
+        return "\n".join(lines), kernel
+    ilp = MULTI_TENSOR_ILP
+    lines += [
+        "    const long long gs_block = blockIdx.x;",
+        "    const long long gs_tensor = blocks[gs_block];",
+        "    const long long gs_start = blocks[n_blocks + gs_block];",
+        "    const long long gs_end = blocks[2 * n_blocks + gs_block];",
+    ]
+    lines += [
+        f"    {qualifier(name)}T* __restrict__ {name}_p = "
+        f"({qualifier(name)}T*){name}_t[gs_tensor];"
         for name in program.arrays
     ]
-    loads = []
-    for name, kind in zip(program.scalars, scalar_kinds, strict=True):
-        if kind is None:
-            params.append(f"const T {name}")
-        else:
-            params.append(f"const {POINTER_CTYPES[kind]}* __restrict__ {name}_ptr")
-            loads.append(f"    const T {name} = (T)(*{name}_ptr);")
-    if has_skip:
-        params.append("const bool* __restrict__ skip_ptr")
-    lines = [_header(), f"typedef {ctype} T;", ""]
-    lines.append(f'extern "C" __global__ void {kernel}(' + ", ".join(params) + ") {")
-    if has_skip:
-        lines.append("    if (*skip_ptr) return;")
-    lines += loads
-    lines += [f"    const T {name} = {expr};" for name, expr in program.prelude]
-    lines.append(
-        "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
-        " i += (long long)blockDim.x * gridDim.x) {"
-    )
-    lines += [f"        const T {name} = {name}_p[i];" for name in program.arrays]
-    lines += [f"        const T {name} = {expr};" for name, expr in program.body]
-    lines += [f"        {array}_p[i] = {temp};" for array, temp in program.outputs]
-    lines += ["    }", "}", ""]
+    lines += [
+        "    for (long long gs_base = gs_start + threadIdx.x; gs_base < gs_end;"
+        f" gs_base += {ilp}LL * blockDim.x) {{",
+        *[f"        T {name}_r[{ilp}];" for name in program.arrays],
+        "#pragma unroll",
+        f"        for (int gs_k = 0; gs_k < {ilp}; ++gs_k) {{",
+        "            const long long gs_i = gs_base + (long long)gs_k * blockDim.x;",
+        "            if (gs_i < gs_end) {",
+        *[f"                {name}_r[gs_k] = {name}_p[gs_i];" for name in program.arrays],
+        "            }",
+        "        }",
+        "#pragma unroll",
+        f"        for (int gs_k = 0; gs_k < {ilp}; ++gs_k) {{",
+        "            const long long gs_i = gs_base + (long long)gs_k * blockDim.x;",
+        "            if (gs_i < gs_end) {",
+        *element("                ", lambda name: f"{name}_r[gs_k]"),
+        "            }",
+        "        }",
+        "    }",
+        "}",
+        "",
+    ]
     return "\n".join(lines), kernel
+
+
+def counter_source(skip: Any = None) -> tuple[str, str]:
+    """CUDA source and name of the step-counter kernel (one thread): ``*count += 1``, or, with
+    ``skip`` (as in `kernel_source`), only where the skip flag reads false."""
+    if skip is None or skip is False:
+        return _counter_source(None)
+    return _counter_source(("pointer", "bool") if skip is True else _normalized_kind(skip))
+
+
+@cache
+def _counter_source(skip: ScalarKind | None) -> tuple[str, str]:
+    name = "gpuscalar_count_step"
+    params = ["long long* __restrict__ count"]
+    body = []
+    codes = []
+    if skip is not None:
+        codes.append(_scalar_declaration("skip", skip, "bool"))
+        params += codes[0].params
+        body += [*codes[0].statements, "if (skip) return;"]
+    body.append("*count += 1;")
+    lines = [_header(), *_preambles(codes),
+             f'extern "C" __global__ void {name}(' + ", ".join(params) + ") {"]
+    lines += ["    " + line for line in body] + ["}", ""]
+    return "\n".join(lines), name
 
 
 def _run_program(
@@ -261,34 +509,35 @@ def _run_program(
     arrays: dict[str, Any],
     skip: GPUScalar | None,
 ) -> None:
-    """Launch ``program`` once (one counted device op). Scalars are Python numbers or
-    GPUScalars; arrays are same-shape, same-dtype arrays of ``backend``."""
-    skip_array = None if skip is None else _array_of(skip)
+    """Launch ``program`` once on one tensor (one counted device op). Scalars are Python
+    numbers or GPUScalars; arrays are same-shape, same-dtype arrays of ``backend``."""
+    routed = [_route(scalars[name]) for name in program.scalars]
+    skip_routed = None if skip is None else _route(skip)
     if backend.evaluates_on_host:
-        data = backend.host_data
-        raw = {k: data(_array_of(v)) if isinstance(v, GPUScalar) else v
-               for k, v in scalars.items()}
-        raw_arrays = {k: data(v) for k, v in arrays.items()}
-        raw_skip = None if skip_array is None else data(skip_array)
-        backend.call(_evaluate_numpy, program, raw, raw_arrays, raw_skip)
+        tensors = [{name: backend.host_data(array) for name, array in arrays.items()}]
+        backend.call(_evaluate_host, backend, program, routed, tensors, skip_routed)
         return
     first = arrays[program.arrays[0]]
-    dtype = first.dtype.name
-    kinds = [v.dtype.name if isinstance(v, GPUScalar) else None for v in map(scalars.get,
-             program.scalars)]
-    source, name = kernel_source(program, dtype, kinds, skip is not None)
+    source, name = _kernel_source(
+        program, first.dtype.name, tuple(kind for kind, _ in routed),
+        None if skip_routed is None else skip_routed[0], False,
+    )
     args: list[Any] = [np.int64(first.size)]
     args += [arrays[name_] for name_ in program.arrays]
-    args += [
-        _array_of(v) if isinstance(v, GPUScalar) else first.dtype.type(v)
-        for v in map(scalars.get, program.scalars)
-    ]
-    if skip_array is not None:
-        args.append(skip_array)
+    for kind, leaves in routed:
+        args += _kernel_arguments(kind, leaves, first.dtype.type)
+    if skip_routed is not None:
+        args += skip_routed[1]
     backend.launch_kernel(source, name, first.size, args)
 
 
 # ---- validation --------------------------------------------------------------------------
+
+
+def _needs_contiguous(backend: Backend) -> bool:
+    """Kernels index flat memory: CuPy (and the strict device standing in for it) need
+    C-contiguous arrays; NumPy evaluates any layout."""
+    return backend is not NUMPY
 
 
 def _check_array(value: Any, what: str) -> Backend:
@@ -297,12 +546,23 @@ def _check_array(value: Any, what: str) -> Backend:
         raise TypeError(f"{what} must be a NumPy or CuPy array, got {type(value).__name__}")
     if value.dtype.name not in KERNEL_DTYPES:
         raise TypeError(f"{what} must be float32 or float64, got dtype {value.dtype}")
-    if backend.name == "cupy" and not value.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous for the fused CUDA kernel")
+    if _needs_contiguous(backend) and not value.flags.c_contiguous:
+        raise ValueError(
+            f"{what} must be C-contiguous for the fused {backend.name} kernel (got strides "
+            f"{value.strides}); pass a contiguous copy (xp.ascontiguousarray)"
+        )
     return backend
 
 
-def _check_like(value: Any, reference: Any, what: str, ref_what: str, backend: Backend) -> None:
+def _check_like(
+    value: Any,
+    reference: Any,
+    what: str,
+    ref_what: str,
+    backend: Backend,
+    *,
+    contiguous: bool = True,
+) -> None:
     other = backend_of(value)
     if other is None:
         raise TypeError(f"{what} must be a NumPy or CuPy array, got {type(value).__name__}")
@@ -317,8 +577,11 @@ def _check_like(value: Any, reference: Any, what: str, ref_what: str, backend: B
             f"{what} is on device {backend.device_of(value)!r} but {ref_what} is on "
             f"{backend.device_of(reference)!r}"
         )
-    if backend.name == "cupy" and not value.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous for the fused CUDA kernel")
+    if contiguous and _needs_contiguous(backend) and not value.flags.c_contiguous:
+        raise ValueError(
+            f"{what} must be C-contiguous for the fused {backend.name} kernel (got strides "
+            f"{value.strides}); pass a contiguous copy (xp.ascontiguousarray)"
+        )
 
 
 def _hyper(
@@ -375,13 +638,43 @@ def _skip(value: Any, backend: Backend, device: object) -> GPUScalar | None:
     return value
 
 
-def _betas(betas: Any, backend: Backend, device: object) -> tuple[Any, Any]:
+def _betas(betas: Any, backend: Backend, device: object, name: str = "betas") -> tuple[Any, Any]:
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise TypeError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
     return (
-        _hyper(betas[0], "betas[0]", backend, device, high=1.0, high_open=True),
-        _hyper(betas[1], "betas[1]", backend, device, high=1.0, high_open=True),
+        _hyper(betas[0], f"{name}[0]", backend, device, high=1.0, high_open=True),
+        _hyper(betas[1], f"{name}[1]", backend, device, high=1.0, high_open=True),
     )
+
+
+def _byte_span(backend: Backend, array: Any) -> tuple[int, int]:
+    """[low, high) bytes an array's elements occupy (strides may be negative)."""
+    low = high = backend.data_address(array)
+    for size, stride in zip(array.shape, array.strides, strict=True):
+        reach = (size - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + array.itemsize
+
+
+def _first_overlap(backend: Backend, arrays: Sequence[Any]) -> tuple[int, int] | None:
+    """Indices of two arrays sharing memory (updating both in one kernel would race), or None.
+    Sorted byte spans, O(n log n); interleaved NumPy views are confirmed with shares_memory."""
+    spans = sorted(
+        (*_byte_span(backend, a), i) for i, a in enumerate(arrays) if a.size
+    )
+    active: list[tuple[int, int]] = []  # (high, index) of spans that may reach further
+    for low, high, i in spans:
+        active = [(h, j) for h, j in active if h > low]
+        for _, j in active:
+            if not backend.evaluates_on_host or np.shares_memory(
+                backend.host_data(arrays[i]), backend.host_data(arrays[j])
+            ):
+                return min(i, j), max(i, j)
+        active.append((high, i))
+    return None
 
 
 # ---- functional steps ----------------------------------------------------------------------
@@ -469,7 +762,8 @@ def sgd_step(
         raise ValueError("nesterov momentum needs dampening == 0")
     fresh = momentum_buffer is None
     if fresh:
-        momentum_buffer = backend.call(backend.xp.zeros_like, param)
+        with backend.device_context(device):
+            momentum_buffer = backend.call(backend.xp.zeros_like, param)
     else:
         _check_like(momentum_buffer, param, "momentum_buffer", "param", backend)
     scalars.update(momentum=momentum, dampening=dampening, fresh=1 if fresh else 0)
@@ -501,9 +795,11 @@ def clip_grad_norm(grads: Sequence[Any], max_norm: Any, norm_type: float = 2.0) 
         raise ValueError(f"norm_type must be a positive number or math.inf, got {norm_type!r}")
     max_norm = _hyper(max_norm, "max_norm", backend, backend.device_of(items[0]))
     total = reduce.global_norm(items, ord=norm_type)
-    coef = _array_of(minimum(max_norm / (total + 1e-6), 1.0))
+    # as PyTorch, the coefficient is applied in each gradient's dtype; when lazy, each multiply
+    # computes it in its own kernel (no launch for the coefficient)
+    coef = minimum(max_norm / (total + 1e-6), 1.0)
     for g in items:
-        backend.call(backend.xp.multiply, g, coef, out=g, casting="same_kind")
+        apply_ufunc("multiply", g, coef, out=g)
     return total
 
 
@@ -532,44 +828,132 @@ def all_finite(arrays: Sequence[Any]) -> GPUScalar:
 
 
 class _Group:
-    """One dtype's parameters: flat buffers for params, grads and state, and views into them."""
+    """One dtype's tensors: the user's parameters, the optimizer's state (one flat buffer per
+    state, with a view per tensor), and what the kernel reads them through: NumPy data per
+    tensor on a host-evaluating backend, device address tables and a block table on CuPy."""
 
-    def __init__(self, backend: Backend, indices: list[int], params: list[Any], state: tuple):
+    def __init__(
+        self,
+        backend: Backend,
+        program: Program,
+        indices: list[int],
+        params: list[Any],
+        grad_table: Any,
+    ) -> None:
         xp = backend.xp
         self.indices = indices
-        self.shapes = [p.shape for p in params]
-        self.sizes = [int(p.size) for p in params]
-        total = sum(self.sizes)
-        dtype = params[0].dtype
-        self.param = backend.call(xp.empty, total, dtype=dtype)
-        backend.call(xp.concatenate, [p.reshape(-1) for p in params], out=self.param)
-        self.grad = backend.call(xp.zeros, total, dtype=dtype)
-        self.state = {name: backend.call(xp.zeros, total, dtype=dtype) for name in state}
-        self.param_views = self._views(self.param)
-        self.grad_views = self._views(self.grad)
+        self.dtype = params[0].dtype
+        sizes = [int(p.size) for p in params]
+        offsets = np.cumsum([0, *sizes])
+        state_names = program.arrays[2:]
+        self.state = {
+            name: backend.call(xp.zeros, int(offsets[-1]), dtype=self.dtype)
+            for name in state_names
+        }
+        self.state_views = {
+            name: [flat[int(o) : int(o) + s].reshape(p.shape)
+                   for p, o, s in zip(params, offsets[:-1], sizes, strict=True)]
+            for name, flat in self.state.items()
+        }
+        chunks = [-(-s // MULTI_TENSOR_CHUNK) for s in sizes]
+        self.n_blocks = int(sum(chunks))
+        if backend.evaluates_on_host:
+            data = backend.host_data
+            self.tensors = [
+                {"param": data(p), **{name: data(self.state_views[name][t])
+                                      for name in state_names}}
+                for t, p in enumerate(params)
+            ]
+            return
+        address = backend.data_address
+        table = np.array(
+            [[address(p) for p in params],
+             *[[address(v) for v in self.state_views[name]] for name in state_names]],
+            dtype=np.int64,
+        )
+        tensor = np.repeat(np.arange(len(params), dtype=np.int64), chunks)
+        first_block = np.repeat(np.cumsum([0, *chunks[:-1]]), chunks)
+        start = (np.arange(self.n_blocks, dtype=np.int64) - first_block) * MULTI_TENSOR_CHUNK
+        end = np.minimum(start + MULTI_TENSOR_CHUNK, np.asarray(sizes, np.int64)[tensor])
+        self._tables = backend.call(xp.asarray, table)  # kept alive: the kernel reads its rows
+        self._blocks = backend.call(xp.asarray, np.stack([tensor, start, end]).astype(np.int64))
+        # one address table per array of the program: param, grad (the optimizer's, uploaded
+        # when the gradient arrays change), then the state buffers
+        self.prefix = (self._tables[0], grad_table, *self._tables[1:], self._blocks,
+                       np.int64(self.n_blocks))
 
-    def _views(self, flat: Any) -> list[Any]:
-        views, offset = [], 0
-        for shape, size in zip(self.shapes, self.sizes, strict=True):
-            views.append(flat[offset : offset + size].reshape(shape))
-            offset += size
-        return views
+    def launch(
+        self,
+        backend: Backend,
+        program: Program,
+        scalars: list[tuple[ScalarKind, tuple]],
+        skip: tuple[ScalarKind, tuple] | None,
+    ) -> None:
+        """The group's update: one counted device op (none when every tensor is empty)."""
+        if self.n_blocks == 0:
+            return
+        if backend.evaluates_on_host:
+            backend.call(_evaluate_host, backend, program, scalars, self.tensors, skip)
+            return
+        source, name = _kernel_source(
+            program, self.dtype.name, tuple(kind for kind, _ in scalars),
+            None if skip is None else skip[0], True,
+        )
+        args = list(self.prefix)
+        ctype = self.dtype.type
+        for kind, leaves in scalars:
+            args += _kernel_arguments(kind, leaves, ctype)
+        if skip is not None:
+            args += skip[1]
+        backend.launch_kernel(source, name, 0, args, grid=self.n_blocks,
+                              block=MULTI_TENSOR_BLOCK)
+
+
+def _increment_on_host(backend: Backend, count: Any, skip: tuple | None) -> None:
+    if skip is None or not bool(_host_scalar(backend, *skip)):
+        np.add(count, 1, out=count)
+
+
+class _Hyperparameter:
+    """An optimizer hyperparameter: a number or a GPUScalar, validated whenever it is set (so a
+    bad value never reaches a kernel). ``check(optimizer, name, value)`` returns the value."""
+
+    def __init__(self, check: Callable[[Any, str, Any], Any], doc: str) -> None:
+        self.check = check
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.attribute = name, f"_{name}"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.attribute)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.attribute, self.check(obj, self.name, value))
+
+
+def _nonnegative(opt: Optimizer, name: str, value: Any) -> Any:
+    return _hyper(value, name, opt._backend, opt._device)
 
 
 class Optimizer:
     """Base of the fused multi-tensor optimizers (`Adam`, `AdamW`, `SGD`).
 
-    The parameters are copied into one flat buffer per dtype; ``opt.params`` are views into it
-    (use them, not the originals, from then on). ``opt.grads`` are views into matching gradient
-    buffers: a backward pass that writes there saves the one gather copy per group that
-    `step` otherwise makes. State is on the device, the step counter is a device integer
-    (``opt.step_count``), and ``lr`` may be set to a GPUScalar (a schedule computed on the
-    device, e.g. from ``opt.step_count``). A step is O(1) device ops per dtype group.
+    The arrays passed in are the parameters: `step` updates them in place (``opt.params[0] is
+    w``). Per dtype group a step is one multi-tensor kernel, whatever the number of tensors,
+    plus one op for the step counter; no copy of parameters or gradients is made. State lives
+    on the device (`state`, `state_dict`). The step counter is a 0-d int64 device buffer updated
+    in place (`step_count`), hyperparameters may be GPUScalars, and ``skip_if`` is read on the
+    device, so a step never syncs, allocates nothing, and can be captured as a CUDA graph.
     """
 
-    _state_names: tuple[str, ...] = ()
+    _program: Program
+    #: hyperparameter attributes, in `state_dict` order
+    _hyperparameters: tuple[str, ...] = ("lr",)
 
-    def __init__(self, params: Sequence[Any], lr: Any) -> None:
+    lr = _Hyperparameter(_nonnegative, "The learning rate: a number or a GPUScalar (>= 0).")
+
+    def __init__(self, params: Sequence[Any], lr: Any, program: Program) -> None:
         items = list(params) if not hasattr(params, "shape") else None
         if not items:
             raise TypeError(
@@ -586,101 +970,243 @@ class Optimizer:
             if backend.multi_device and backend.device_of(p) != device:
                 raise ValueError(f"params[{i}] is on device {backend.device_of(p)!r} but "
                                  f"params[0] on {device!r}")
-        self._backend, self._device = backend, device
+        overlap = _first_overlap(backend, items)
+        if overlap is not None:
+            i, j = overlap
+            raise ValueError(
+                f"params[{i}] and params[{j}] share memory (the same array twice, or "
+                "overlapping views): each parameter must be updated once per step"
+            )
+        self._backend, self._device, self._program = backend, device, program
+        self._params = items
+        self._param_ids = frozenset(map(id, items))
+        self.lr = lr
         by_dtype: dict[Any, list[int]] = {}
         for i, p in enumerate(items):
             by_dtype.setdefault(p.dtype, []).append(i)
-        self._groups = [
-            _Group(backend, idx, [items[i] for i in idx], self._state_names)
-            for idx in by_dtype.values()
-        ]
-        self._count = backend.call(backend.xp.zeros, (), dtype=np.int64)
-        self._n = len(items)
-        self.lr = lr
+        with backend.device_context(device):
+            xp = backend.xp
+            self._count = backend.call(xp.zeros, (), dtype=np.int64)
+            grad_table = (None if backend.evaluates_on_host
+                          else backend.call(xp.zeros, len(items), dtype=np.int64))
+            self._groups: list[_Group] = []
+            offset = 0
+            for indices in by_dtype.values():
+                rows = None if grad_table is None else grad_table[offset:offset + len(indices)]
+                self._groups.append(_Group(backend, program, indices,
+                                           [items[i] for i in indices], rows))
+                offset += len(indices)
+        self._grad_table = grad_table
+        self._order = [i for group in self._groups for i in group.indices]
+        self._where = {i: (group, k) for group in self._groups
+                       for k, i in enumerate(group.indices)}
+        self._grads: tuple[Any, ...] | None = None  # the arrays the gradient table points to
+        self._step_read = _CounterRead(self._count, "step")
+        self._fresh_read = _CounterRead(self._count, "fresh")
 
     # -- public attributes --
     @property
-    def lr(self) -> Any:
-        """The learning rate: a Python number or a GPUScalar (validated when set)."""
-        return self._lr
-
-    @lr.setter
-    def lr(self, value: Any) -> None:
-        self._lr = _hyper(value, "lr", self._backend, self._device)
-
-    @property
     def params(self) -> list[Any]:
-        """The parameters, as views into the optimizer's flat buffers, in the order given."""
-        return self._gather("param_views")
-
-    @property
-    def grads(self) -> list[Any]:
-        """Gradient buffers (views) shaped like ``params``; pass them to `step` to skip the
-        gather copy."""
-        return self._gather("grad_views")
+        """The parameters: the arrays passed in, updated in place by `step`, in that order."""
+        return list(self._params)
 
     @property
     def step_count(self) -> GPUScalar:
-        """Number of updates applied so far (skipped steps excluded), an int64 GPUScalar."""
+        """Updates applied so far (skipped steps excluded): an int64 GPUScalar viewing the live
+        device counter, which `step` increments in place.
+
+        It is read where it is consumed: an expression built from it and consumed by this
+        step's `step` (e.g. a learning-rate schedule assigned to ``opt.lr``) sees the count
+        before this step; read it (``int(...)``) or copy it before `step` to keep an old value.
+        Each access returns a new GPUScalar, so a host read is never a stale cached value.
+        """
         return _wrap(self._backend, self._count)
 
     def state(self, name: str) -> list[Any]:
-        """Per-parameter views of a state buffer (e.g. ``"exp_avg"``), in parameter order."""
-        if name not in self._state_names:
-            raise KeyError(f"{type(self).__name__} has no state {name!r}; it has "
-                           f"{list(self._state_names)}")
-        out: list[Any] = [None] * self._n
-        for group in self._groups:
-            for i, view in zip(group.indices, group._views(group.state[name]), strict=True):
-                out[i] = view
-        return out
+        """Live per-parameter views of a state buffer (e.g. ``"exp_avg"``), in parameter order
+        (later steps update them; `state_dict` returns copies)."""
+        names = self._program.arrays[2:]
+        if name not in names:
+            raise KeyError(f"{type(self).__name__} has no state {name!r}; it has {list(names)}")
+        return [self._state_view(i, name) for i in range(len(self._params))]
 
-    def _gather(self, attribute: str) -> list[Any]:
-        out: list[Any] = [None] * self._n
-        for group in self._groups:
-            for i, view in zip(group.indices, getattr(group, attribute), strict=True):
-                out[i] = view
-        return out
+    def _state_view(self, i: int, name: str) -> Any:
+        group, k = self._where[i]
+        return group.state_views[name][k]
 
     # -- the step --
     def step(self, grads: Sequence[Any], *, skip_if: GPUScalar | None = None) -> None:
-        """Apply one update from ``grads`` (arrays shaped like ``params``), with no sync.
+        """Apply one update from ``grads`` to the parameters, in place, with no sync.
 
-        ``skip_if``: a bool GPUScalar; when true on the device, parameters, state and the step
-        counter stay unchanged.
+        ``grads``: one array per parameter, of its shape, dtype, backend and device (C-contiguous
+        on CuPy), not a parameter itself. Reusing the same gradient arrays from step to step
+        costs nothing extra; new ones cost one upload of their addresses (one device op), and
+        the optimizer keeps a reference to the last ones. ``skip_if``: a bool GPUScalar; when
+        true on the device, parameters, state and the step counter stay unchanged.
         """
-        backend, xp = self._backend, self._backend.xp
-        items = list(grads) if not hasattr(grads, "shape") else None
-        if items is None or len(items) != self._n:
-            got = "a single array" if items is None else f"{len(items)} arrays"
-            raise ValueError(f"step() needs one gradient per parameter ({self._n}), got {got}")
-        for group in self._groups:
-            for i, view in zip(group.indices, group.param_views, strict=True):
-                _check_like(items[i], view, f"grads[{i}]", f"params[{i}]", backend)
+        backend = self._backend
+        items, changed = self._checked_grads(grads)
         skip = _skip(skip_if, backend, self._device)
-        step = _wrap(backend, backend.call(xp.add, self._count, 1))
-        program, scalars = self._program(step)
-        for group in self._groups:
-            group_grads = [items[i] for i in group.indices]
-            if not all(g is v for g, v in zip(group_grads, group.grad_views, strict=True)):
-                backend.call(xp.concatenate, [g.reshape(-1) for g in group_grads], out=group.grad)
-            arrays = {"param": group.param, "grad": group.grad}
-            arrays.update(group.state)
-            _run_program(backend, program, scalars, arrays, skip)
-        if skip is None:
-            self._count = _array_of(step)
-        else:
-            self._count = backend.call(xp.where, _array_of(skip), self._count, _array_of(step))
+        scalars = [_route(value) for value in self._scalars()]
+        skip_routed = None if skip is None else _route(skip)
+        with backend.device_context(self._device):
+            if changed:
+                self._upload_grads(items)
+            for group in self._groups:
+                group.launch(backend, self._program, scalars, skip_routed)
+            self._increment(skip_routed)
 
-    def _program(self, step: GPUScalar) -> tuple[Program, dict[str, Any]]:
+    def _checked_grads(self, grads: Any) -> tuple[list[Any], bool]:
+        """The gradients as a list, and whether they differ from the last step's. Each new
+        gradient is validated before anything is touched."""
+        items = list(grads) if not hasattr(grads, "shape") else None
+        n = len(self._params)
+        last = self._grads
+        if items is not None and last is not None and len(items) == n and all(
+            map(operator.is_, items, last)
+        ):
+            return items, False
+        if items is None or len(items) != n:
+            got = "a single array" if items is None else f"{len(items)} arrays"
+            raise ValueError(f"step() needs one gradient per parameter ({n}), got {got}")
+        backend, param_ids = self._backend, self._param_ids
+        for i, (g, p) in enumerate(zip(items, self._params, strict=True)):
+            if type(g) is not type(p) or g.shape != p.shape or g.dtype != p.dtype or (
+                g.strides != p.strides
+            ) or (backend.multi_device and backend.device_of(g) != self._device):
+                _check_like(g, p, f"grads[{i}]", f"params[{i}]", backend)
+            if id(g) in param_ids:
+                raise ValueError(f"grads[{i}] is a parameter array itself; pass its gradient")
+        return items, True
+
+    def _upload_grads(self, items: list[Any]) -> None:
+        """Point the kernels at new gradient arrays: one counted device op for all groups."""
+        backend = self._backend
+        if backend.evaluates_on_host:
+            backend.call(self._set_host_grads, items)
+        else:
+            address = backend.data_address
+            addresses = np.fromiter((address(items[i]) for i in self._order), np.int64,
+                                    count=len(items))
+            backend.upload(self._grad_table, addresses)
+        self._grads = tuple(items)
+
+    def _set_host_grads(self, items: list[Any]) -> None:
+        data = self._backend.host_data
+        for group in self._groups:
+            for tensor, i in zip(group.tensors, group.indices, strict=True):
+                tensor["grad"] = data(items[i])
+
+    def _increment(self, skip: tuple[ScalarKind, tuple] | None) -> None:
+        """``count += 1`` (or ``+= !skip``) in place, after the kernels read it: one op."""
+        backend = self._backend
+        if backend.evaluates_on_host:
+            backend.call(_increment_on_host, backend, backend.host_data(self._count), skip)
+            return
+        source, name = _counter_source(None if skip is None else skip[0])
+        args = [self._count] + ([] if skip is None else list(skip[1]))
+        backend.launch_kernel(source, name, 1, args, grid=1, block=1)
+
+    def _scalars(self) -> list[Any]:
+        """The values of ``self._program.scalars`` for this step (numbers, GPUScalars, or
+        reads of the live step counter)."""
         raise NotImplementedError
+
+    # -- checkpointing --
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint of the optimizer: copies on the device, no sync.
+
+        ``{"step": 0-d int64 array, "state": [per parameter, {state name: array}],
+        "hyperparams": {name: value}}``. ``hyperparams`` holds the hyperparameters that are
+        plain numbers (a GPUScalar hyperparameter, e.g. a schedule, is code: set it again).
+        For SGD with momentum, the momentum buffers hold history exactly when step > 0.
+        """
+        backend = self._backend
+        copy = backend.xp.copy
+        names = self._program.arrays[2:]
+        with backend.device_context(self._device):
+            step = backend.call(copy, self._count)
+            state = [{name: backend.call(copy, self._state_view(i, name)) for name in names}
+                     for i in range(len(self._params))]
+        hyperparams = {}
+        for name in self._hyperparameters:
+            value = getattr(self, name)
+            parts = value if isinstance(value, tuple) else (value,)
+            if not any(isinstance(part, GPUScalar) for part in parts):
+                hyperparams[name] = value
+        return {"step": step, "state": state, "hyperparams": hyperparams}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a checkpoint made by `state_dict` (of an optimizer of the same class over
+        parameters of the same shapes and dtypes). The arrays are copied into the optimizer's
+        own buffers. Everything is validated first: a bad entry raises an error naming its key
+        and leaves the optimizer as it was."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+        expected = ("step", "state", "hyperparams")
+        for key in expected:
+            if key not in state_dict:
+                raise KeyError(f"state_dict is missing {key!r} (expected keys {list(expected)})")
+        unknown = sorted(set(state_dict) - set(expected), key=str)
+        if unknown:
+            raise ValueError(f"state_dict has unknown keys {unknown} (expected {list(expected)})")
+        backend = self._backend
+        copies = [(self._count, state_dict["step"], "state_dict['step']",
+                   "the step counter (0-d int64)")]
+        state = state_dict["state"]
+        n = len(self._params)
+        if not isinstance(state, Sequence) or len(state) != n:
+            got = f"{len(state)} entries" if isinstance(state, Sequence) else type(state).__name__
+            raise ValueError(f"state_dict['state'] must be a list of one entry per parameter "
+                             f"({n}), got {got}")
+        names = self._program.arrays[2:]
+        for i, entry in enumerate(state):
+            where = f"state_dict['state'][{i}]"
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"{where} must be a mapping, got {type(entry).__name__}")
+            for name in names:
+                if name not in entry:
+                    raise KeyError(f"{where} is missing {name!r} (expected {list(names)})")
+            extra = sorted(set(entry) - set(names), key=str)
+            if extra:
+                raise ValueError(f"{where} has unknown keys {extra} (expected {list(names)})")
+            copies += [(self._state_view(i, name), entry[name], f"{where}[{name!r}]",
+                        f"the optimizer's {name} of params[{i}]") for name in names]
+        for target, source, what, ref_what in copies:
+            _check_like(source, target, what, ref_what, backend, contiguous=False)
+        hyperparams = state_dict["hyperparams"]
+        if not isinstance(hyperparams, Mapping):
+            raise TypeError("state_dict['hyperparams'] must be a mapping, got "
+                            f"{type(hyperparams).__name__}")
+        checked = {}
+        for name, value in hyperparams.items():
+            if name not in self._hyperparameters:
+                raise ValueError(f"state_dict['hyperparams'] has unknown key {name!r} "
+                                 f"(expected some of {list(self._hyperparameters)})")
+            descriptor = getattr(type(self), name)
+            checked[descriptor.attribute] = descriptor.check(
+                self, f"state_dict['hyperparams'][{name!r}]", value
+            )
+        with backend.device_context(self._device):
+            for target, source, _, _ in copies:
+                backend.call(backend.xp.copyto, target, source)
+        for attribute, value in checked.items():
+            setattr(self, attribute, value)
 
 
 class Adam(Optimizer):
-    """Fused multi-tensor Adam (PyTorch's ``torch.optim.Adam``; L2 ``weight_decay``)."""
+    """Fused multi-tensor Adam on the user's arrays (PyTorch's ``torch.optim.Adam``; L2
+    ``weight_decay``). State: ``exp_avg``, ``exp_avg_sq``."""
 
-    _state_names = ("exp_avg", "exp_avg_sq")
     _decoupled = False
+    _hyperparameters = ("lr", "betas", "eps", "weight_decay")
+
+    betas = _Hyperparameter(
+        lambda opt, name, value: _betas(value, opt._backend, opt._device, name),
+        "(beta1, beta2): numbers in [0, 1) or GPUScalars.",
+    )
+    eps = _Hyperparameter(_nonnegative, "Added to the denominator: a number or GPUScalar.")
+    weight_decay = _Hyperparameter(_nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
 
     def __init__(
         self,
@@ -690,21 +1216,14 @@ class Adam(Optimizer):
         eps: Any = 1e-8,
         weight_decay: Any = 0.0,
     ) -> None:
-        super().__init__(params, lr)
-        self.betas = _betas(betas, self._backend, self._device)
-        self.eps = _hyper(eps, "eps", self._backend, self._device)
-        self.weight_decay = _hyper(weight_decay, "weight_decay", self._backend, self._device)
+        super().__init__(params, lr, ADAMW if self._decoupled else ADAM)
+        self.betas = betas
+        self.eps = eps
+        self.weight_decay = weight_decay
 
-    def _program(self, step: GPUScalar) -> tuple[Program, dict[str, Any]]:
-        scalars = {
-            "lr": self._lr,
-            "beta1": self.betas[0],
-            "beta2": self.betas[1],
-            "eps": self.eps,
-            "weight_decay": self.weight_decay,
-            "step": step,
-        }
-        return (ADAMW if self._decoupled else ADAM), scalars
+    def _scalars(self) -> list[Any]:
+        beta1, beta2 = self._betas
+        return [self._lr, beta1, beta2, self._eps, self._weight_decay, self._step_read]
 
 
 class AdamW(Adam):
@@ -723,9 +1242,38 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
+def _sgd_momentum(opt: SGD, name: str, value: Any) -> Any:
+    value = _nonnegative(opt, name, value)
+    if isinstance(value, GPUScalar):
+        if opt._program is SGD_PLAIN:
+            raise ValueError(f"{name}: this SGD was made without momentum (no momentum "
+                             "buffers); make a new SGD with momentum > 0")
+        return value
+    if opt._program is SGD_PLAIN and value != 0:
+        raise ValueError(f"{name}: this SGD was made without momentum (no momentum buffers); "
+                         "make a new SGD with momentum > 0")
+    if opt._program is SGD_NESTEROV and value == 0:
+        raise ValueError(f"{name}: nesterov momentum needs momentum > 0")
+    return value
+
+
+def _sgd_dampening(opt: SGD, name: str, value: Any) -> Any:
+    value = _nonnegative(opt, name, value)
+    if opt._program is SGD_NESTEROV and not isinstance(value, GPUScalar) and value != 0:
+        raise ValueError(f"{name}: nesterov momentum needs dampening == 0")
+    return value
+
+
 class SGD(Optimizer):
-    """Fused multi-tensor SGD (PyTorch's ``torch.optim.SGD``: momentum, dampening, Nesterov,
-    L2 weight decay). The momentum buffer starts as the first (non-skipped) gradient."""
+    """Fused multi-tensor SGD on the user's arrays (PyTorch's ``torch.optim.SGD``: momentum,
+    dampening, Nesterov, L2 weight decay). With momentum (> 0 or a GPUScalar) the state is a
+    ``momentum_buffer``, which starts as the first non-skipped gradient."""
+
+    _hyperparameters = ("lr", "momentum", "dampening", "weight_decay")
+
+    momentum = _Hyperparameter(_sgd_momentum, "Momentum: a number or GPUScalar (>= 0).")
+    dampening = _Hyperparameter(_sgd_dampening, "Dampening: a number or GPUScalar (>= 0).")
+    weight_decay = _Hyperparameter(_nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
 
     def __init__(
         self,
@@ -736,24 +1284,27 @@ class SGD(Optimizer):
         weight_decay: Any = 0.0,
         nesterov: bool = False,
     ) -> None:
-        uses_momentum = isinstance(momentum, GPUScalar) or momentum != 0
-        self._state_names = ("momentum_buffer",) if uses_momentum else ()
-        super().__init__(params, lr)
-        backend, device = self._backend, self._device
-        self.momentum = _hyper(momentum, "momentum", backend, device)
-        self.dampening = _hyper(dampening, "dampening", backend, device)
-        self.weight_decay = _hyper(weight_decay, "weight_decay", backend, device)
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
+        uses_momentum = isinstance(momentum, GPUScalar) or (
+            isinstance(momentum, numbers.Real) and momentum != 0
+        )
         if nesterov and (not uses_momentum or (
             not isinstance(dampening, GPUScalar) and dampening != 0
         )):
             raise ValueError("nesterov momentum needs momentum > 0 and dampening == 0")
-        self.nesterov = nesterov
+        program = (SGD_NESTEROV if nesterov else SGD_MOMENTUM) if uses_momentum else SGD_PLAIN
+        super().__init__(params, lr, program)
+        self.momentum = momentum
+        self.dampening = dampening
+        self.weight_decay = weight_decay
 
-    def _program(self, step: GPUScalar) -> tuple[Program, dict[str, Any]]:
-        scalars = {"lr": self._lr, "weight_decay": self.weight_decay}
-        if not self._state_names:
-            return SGD_PLAIN, scalars
-        scalars.update(momentum=self.momentum, dampening=self.dampening, fresh=step == 1)
-        return (SGD_NESTEROV if self.nesterov else SGD_MOMENTUM), scalars
+    @property
+    def nesterov(self) -> bool:
+        """Whether the update uses Nesterov momentum (fixed at construction)."""
+        return self._program is SGD_NESTEROV
+
+    def _scalars(self) -> list[Any]:
+        if self._program is SGD_PLAIN:
+            return [self._lr, self._weight_decay]
+        return [self._lr, self._momentum, self._dampening, self._weight_decay, self._fresh_read]

@@ -368,6 +368,11 @@ def _materialize(scalar: GPUScalar) -> Any:
     return array
 
 
+def _node_of(scalar: GPUScalar) -> tuple | None:
+    """A pending GPUScalar's expression (for consumers that compute it themselves), else None."""
+    return scalar._node
+
+
 def _array_of(scalar: GPUScalar) -> Any:
     """The one internal accessor for a GPUScalar's device array (materializes if pending)."""
     array = scalar._array

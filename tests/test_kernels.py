@@ -1,72 +1,31 @@
 """NVRTC compile checks for every CUDA C source gpuscalar ships (no GPU needed).
 
 The shipped header (gpuscalar/kernels/*.cu) is compiled on its own, and every kernel variant
-gpuscalar.optim can generate from it (each Program x dtype x pointer/value scalars x skip) is
-compiled with the options CuPy uses to build it. NVRTC must load in CI (CI=true): there a
+gpuscalar.optim generates from it is compiled with the options CuPy uses to build it: the
+single-tensor kernels (each Program x dtype x pointer/value scalars x skip), the multi-tensor
+kernels exactly as the optimizer classes ask for them (each class configuration x dtype x
+numbers/GPUScalars x skip), and the step-counter kernel. NVRTC must load in CI (CI=true): there a
 missing NVRTC is a failure, not a skip.
 """
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import itertools
-import os
-import sys
 from importlib import resources
 
+import numpy as np
 import pytest
 
+import gpuscalar as gs
 from gpuscalar import optim
 from gpuscalar.backend import CupyBackend
 
-ARCH = "--gpu-architecture=compute_90"
-OPTIONS = [ARCH, *CupyBackend.kernel_options]
-
-
-def _preload_wheel_nvrtc() -> None:
-    """Make the nvidia-cuda-nvrtc-cu12 wheel's libnvrtc findable when CuPy's own lookup
-    (cuda-pathfinder) cannot: load it by absolute path so the later dlopen by soname hits it."""
-    for base in sys.path:
-        for lib in sorted(glob.glob(os.path.join(base, "nvidia", "cuda_nvrtc", "lib",
-                                                 "libnvrtc.so*"))):
-            try:
-                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-                return
-            except OSError:
-                continue
-
-
-@pytest.fixture(scope="module")
-def nvrtc():
-    problem = None
-    try:
-        from cupy_backends.cuda.libs import nvrtc as module
-
-        try:
-            module.getVersion()
-        except Exception:  # noqa: BLE001 - retry once with the wheel's library preloaded
-            _preload_wheel_nvrtc()
-            module.getVersion()
-        return module
-    except Exception as error:  # noqa: BLE001 - reported below
-        problem = f"NVRTC is not usable: {type(error).__name__}: {error}"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(problem + " (CI must compile-check the CUDA sources)")
-    pytest.skip(problem)
+from . import nvrtc as nv
 
 
 def _compile(nvrtc, source: str, name: str) -> str:
-    program = nvrtc.createProgram(source, name, [], [])
-    try:
-        try:
-            nvrtc.compileProgram(program, OPTIONS)
-        except Exception as error:  # noqa: BLE001 - rethrown with the compiler log
-            pytest.fail(f"{name} failed to compile: {error}\n{nvrtc.getProgramLog(program)}")
-        ptx = nvrtc.getPTX(program)
-        return ptx.decode() if isinstance(ptx, bytes) else ptx
-    finally:
-        nvrtc.destroyProgram(program)
+    """PTX of ``source``, compiled as CuPy compiles a RawKernel (its include dirs, C++17)."""
+    return nv.compile_source(nvrtc, source, name, nv.cupy_options(CupyBackend.kernel_options))
 
 
 def _shipped_sources() -> list[str]:
@@ -90,8 +49,9 @@ def test_shipped_source_compiles(nvrtc, filename):
     assert ".entry probe" in _compile(nvrtc, probe, filename)
 
 
-# Every Program x dtype, with scalars all by value, all by pointer (one pointer dtype per
-# scalar, cycling through the supported ones), and with/without skip.
+# Every Program x dtype, single-tensor layout (the functional steps), with scalars all by value
+# or all by pointer (one pointer dtype per scalar, cycling through the supported ones), and
+# with/without skip.
 VARIANTS = [
     (program, dtype, mode, has_skip)
     for program, dtype, mode, has_skip in itertools.product(
@@ -116,23 +76,115 @@ def test_generated_kernel_compiles(nvrtc, program, dtype, mode, has_skip):
         assert (f"{scalar}_ptr" in source) == (kind is not None)
 
 
-def test_generated_kernel_uses_the_program_expressions():
+# Every multi-tensor variant the optimizer classes launch: each class configuration (so each
+# Program) x dtype x hyperparameters as numbers or as GPUScalars of several dtypes x skip_if.
+# The kinds come from the classes themselves (built on NumPy), so a new kind of scalar a class
+# passes is compile-checked here without editing this list.
+CLASS_CONFIGS = {
+    "adam": (optim.Adam, {}),
+    "adamw": (optim.AdamW, {}),
+    "sgd": (optim.SGD, {"lr": 0.1}),
+    "sgd_momentum": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}),
+    "sgd_nesterov": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+}
+CLASS_VARIANTS = list(itertools.product(CLASS_CONFIGS, optim.KERNEL_DTYPES,
+                                        ("numbers", "gpuscalars", "pending"), (False, True)))
+
+
+def _class_kernel(config: str, dtype: str, hyper: str, has_skip: bool) -> tuple[str, str]:
+    cls, kwargs = CLASS_CONFIGS[config]
+    opt = cls([np.zeros(3, dtype)], **kwargs)
+    if hyper == "gpuscalars":  # one scalar dtype per hyperparameter, cycling
+        dtypes = itertools.cycle(("float32", "float64", "int64", "int32"))
+        for name in opt._hyperparameters:
+            value = getattr(opt, name)
+            if isinstance(value, tuple):
+                setattr(opt, name, tuple(gs.asscalar(v, dtype=next(dtypes)) for v in value))
+            elif name != "momentum" or value:
+                setattr(opt, name, gs.asscalar(value, dtype=next(dtypes)))
+    skip: object = has_skip
+    if hyper == "pending":  # a warm-up schedule on the live step counter; a lazy skip flag
+        opt.lr = 0.01 * gs.minimum(1.0, (opt.step_count + 1) / 100) * gs.cos(opt.step_count)
+        if has_skip:
+            skip = optim._route(~gs.isfinite(gs.asscalar(1.0) / opt.step_count))[0]
+    kinds = [optim._route(value)[0] for value in opt._scalars()]
+    return optim.kernel_source(opt._program, dtype, kinds, skip, multi_tensor=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype", "hyper", "has_skip"),
+    CLASS_VARIANTS,
+    ids=[f"{c}-{d}-{h}-{'skip' if s else 'noskip'}" for c, d, h, s in CLASS_VARIANTS],
+)
+def test_multi_tensor_kernel_compiles(nvrtc, config, dtype, hyper, has_skip):
+    source, name = _class_kernel(config, dtype, hyper, has_skip)
+    assert name.endswith("_mt")
+    ptx = _compile(nvrtc, source, f"{name}.cu")
+    assert f".entry {name}" in ptx
+    # The step counter is read on the device (Adam: the step; SGD with momentum: "fresh").
+    signature = source[source.index('extern "C"'):].split(") {", 1)[0]
+    counter = {"adam": "step", "adamw": "step", "sgd_momentum": "fresh",
+               "sgd_nesterov": "fresh"}.get(config)
+    for read in ("step", "fresh"):
+        assert (f"const long long* __restrict__ {read}_ptr" in signature) == (read == counter)
+    if hyper == "pending":  # computed in the prelude from the expressions' leaves
+        assert "const T lr = (T)(lr_v" in source and "_gs_opaque" in source
+        assert ("if (skip) return;" in source) == has_skip
+        return
+    assert signature.endswith(", const bool* __restrict__ skip_ptr") == has_skip
+    assert ("_ptr" in signature.replace("skip_ptr", "").replace(f"{counter}_ptr", "")) == (
+        hyper == "gpuscalars"
+    )
+
+
+def test_class_variants_cover_every_program():
+    programs = {_class_kernel(c, "float32", "numbers", False)[1] for c in CLASS_CONFIGS}
+    assert programs == {f"gpuscalar_{p.name}_float32_mt" for p in optim.PROGRAMS}
+
+
+@pytest.mark.parametrize("has_skip", [False, True], ids=["noskip", "skip"])
+def test_step_counter_kernel_compiles(nvrtc, has_skip):
+    source, name = optim.counter_source(has_skip)
+    assert f".entry {name}" in _compile(nvrtc, source, f"{name}.cu")
+    assert ("if (skip) return;" in source) == has_skip
+    assert "*count += 1;" in source
+
+
+@pytest.mark.parametrize("multi_tensor", [False, True], ids=["single", "multi"])
+def test_generated_kernel_uses_the_program_expressions(multi_tensor):
     """The CUDA body is the Program's own expression strings (no second copy of the math)."""
-    source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6, False)
+    source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6, False,
+                                    multi_tensor=multi_tensor)
     for name, expression in optim.ADAM.prelude + optim.ADAM.body:
         assert f"const T {name} = {expression};" in source
     for array, temporary in optim.ADAM.outputs:
-        assert f"{array}_p[i] = {temporary};" in source
+        assert f"{array}_p[gs_i] = {temporary};" in source
 
 
-def test_kernel_source_rejects_unknown_dtype():
+def test_counter_reads_are_inlined_in_the_prelude():
+    source, _ = optim.kernel_source(optim.ADAM, "float64", [None] * 5 + [("counter", "step")],
+                                    multi_tensor=True)
+    assert "const T step = (T)((*step_ptr) + 1);" in source
+    source, _ = optim.kernel_source(optim.SGD_MOMENTUM, "float32",
+                                    [None] * 4 + [("counter", "fresh")], multi_tensor=True)
+    assert "const T fresh = (T)((*fresh_ptr) == 0);" in source
+
+
+def test_kernel_source_rejects_unknown_dtype_and_kinds():
     with pytest.raises(KeyError):
         optim.kernel_source(optim.ADAM, "float16", [None] * 6, False)
+    with pytest.raises(ValueError, match="unknown scalar kind"):
+        optim.kernel_source(optim.SGD_PLAIN, "float32", [None, ("mystery",)])
+    with pytest.raises(ValueError, match="sgd has 2 scalars"):
+        optim.kernel_source(optim.SGD_PLAIN, "float32", [None])
 
 
 def test_compile_check_catches_a_broken_kernel(nvrtc):
     """The check can fail: a source with an undefined helper is reported, with NVRTC's log."""
-    source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None], False)
-    broken = source.replace("param - lr * g", "param - lr * undefined_helper(g)")
-    with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
-        _compile(nvrtc, broken, "broken.cu")
+    for multi_tensor in (False, True):
+        source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None], False,
+                                           multi_tensor=multi_tensor)
+        broken = source.replace("param - lr * g", "param - lr * undefined_helper(g)")
+        assert broken != source
+        with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
+            _compile(nvrtc, broken, "broken.cu")
