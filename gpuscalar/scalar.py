@@ -943,6 +943,10 @@ def _make_math_function(public_name: str, ufunc_name: str) -> Any:
             raise TypeError(
                 f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}"
             )
+        if nin == 1:  # a real GPUScalar: its class's generated one-operand hot path
+            fast = getattr(type(operands[0]), "_fast_unary", None)
+            if fast is not None:
+                return fast[ufunc_name](operands[0])
         return _apply_math(ufunc_name, *operands)
 
     function.__name__ = function.__qualname__ = public_name
