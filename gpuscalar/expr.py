@@ -45,6 +45,7 @@ __all__ = [
     "get_op",
     "make_node",
     "leaf_key",
+    "LEAF_KEYS",
     "const_key",
     "is_node",
     "child_key",
@@ -177,16 +178,21 @@ def _intern(structure: tuple) -> int:
 find_key = _KEYS.get
 intern_key = _intern
 
-_LEAF_KEYS: dict[np.dtype, int] = {}
+class _LeafKeys(dict):
+    """dtype -> the key of a 0-d device array of that dtype used as a leaf (made on demand)."""
+
+    def __missing__(self, dtype: np.dtype) -> int:
+        key = self[dtype] = _intern(("leaf", dtype))
+        return key
+
+
+LEAF_KEYS: dict[np.dtype, int] = _LeafKeys()
 _CONST_KEYS: dict[np.dtype, int] = {}
 
 
 def leaf_key(dtype: np.dtype) -> int:
     """The key of a 0-d device array of ``dtype`` used as a leaf."""
-    key = _LEAF_KEYS.get(dtype)
-    if key is None:
-        key = _LEAF_KEYS[dtype] = _intern(("leaf", dtype))
-    return key
+    return LEAF_KEYS[dtype]
 
 
 def const_key(dtype: np.dtype) -> int:

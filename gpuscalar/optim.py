@@ -452,24 +452,27 @@ def _kernel_source(
         f"({qualifier(name)}T*){name}_t[gs_tensor];"
         for name in program.arrays
     ]
+
+    def each_of_ilp(body: list[str]) -> list[str]:
+        """``body`` for each of a thread's ``ilp`` elements still inside the chunk."""
+        return [
+            "#pragma unroll",
+            f"        for (int gs_k = 0; gs_k < {ilp}; ++gs_k) {{",
+            "            const long long gs_i = gs_base + (long long)gs_k * blockDim.x;",
+            "            if (gs_i < gs_end) {",
+            *body,
+            "            }",
+            "        }",
+        ]
+
     lines += [
         "    for (long long gs_base = gs_start + threadIdx.x; gs_base < gs_end;"
         f" gs_base += {ilp}LL * blockDim.x) {{",
         *[f"        T {name}_r[{ilp}];" for name in program.arrays],
-        "#pragma unroll",
-        f"        for (int gs_k = 0; gs_k < {ilp}; ++gs_k) {{",
-        "            const long long gs_i = gs_base + (long long)gs_k * blockDim.x;",
-        "            if (gs_i < gs_end) {",
-        *[f"                {name}_r[gs_k] = {name}_p[gs_i];" for name in program.arrays],
-        "            }",
-        "        }",
-        "#pragma unroll",
-        f"        for (int gs_k = 0; gs_k < {ilp}; ++gs_k) {{",
-        "            const long long gs_i = gs_base + (long long)gs_k * blockDim.x;",
-        "            if (gs_i < gs_end) {",
-        *element("                ", lambda name: f"{name}_r[gs_k]"),
-        "            }",
-        "        }",
+        # every element is loaded before any is computed (memory-level parallelism)
+        *each_of_ilp([f"                {name}_r[gs_k] = {name}_p[gs_i];"
+                      for name in program.arrays]),
+        *each_of_ilp(element("                ", lambda name: f"{name}_r[gs_k]")),
         "    }",
         "}",
         "",

@@ -722,6 +722,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
     is_lazy = expr.is_lazy
     find_key, intern_key = expr.find_key, expr.intern_key
+    leaf_keys = expr.LEAF_KEYS
     max_nodes = expr.MAX_NODES
     new = object.__new__
 
@@ -769,36 +770,47 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
             )
             return found
 
+        def record(self: GPUScalar, op: expr.Op, op_id: int, dtype: np.dtype, other: Any,
+                   other_key: int, other_size: int) -> GPUScalar:
+            """The pending result of ``op`` on this scalar and ``other`` (a node, leaf or
+            constant of key ``other_key``): its structure key looked up, the node built."""
+            node = self._node
+            if node is None:
+                mine, mine_key, size = self._array, leaf_keys[self._dtype], 1 + other_size
+            else:
+                mine, mine_key, size = node, node[0], node[1] + 1 + other_size
+            structure = (op_id, other_key, mine_key) if reflected else (op_id, mine_key, other_key)
+            key = find_key(structure)
+            if key is None:
+                key = intern_key(structure)
+            scalar = new(cls)
+            scalar._array = None
+            scalar._node = (key, size, op, other, mine) if reflected else (key, size, op, mine,
+                                                                          other)
+            scalar._dtype = dtype
+            scalar._device = self.device if multi_device else "cpu"
+            if size > max_nodes:
+                _materialize(scalar)
+            return scalar
+
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
             if kind is fast_class:
                 if is_lazy():  # both GPUScalars of this class
                     mine = self._dtype
-                    op, op_id, _, mine_key, other_key, dtype, _ = (
+                    op, op_id, _, _, other_key, dtype, _ = (
                         loops.get((mine, other._dtype)) or resolve(mine, other._dtype))
-                    node, other_node = self._node, other._node
-                    if node is None:
-                        mine_child, size = self._array, 1
-                    else:
-                        mine_child, mine_key, size = node, node[0], node[1] + 1
+                    other_node = other._node
                     if other_node is None:
-                        other_child = other._array
-                    else:
-                        other_child, other_key = other_node, other_node[0]
-                        size += other_node[1]
-                    structure = ((op_id, other_key, mine_key) if reflected
-                                 else (op_id, mine_key, other_key))
-                    key = find_key(structure)
-                    if key is None:
-                        key = intern_key(structure)
-                    return pending(self, (key, size, op, other_child, mine_child) if reflected
-                                   else (key, size, op, mine_child, other_child), dtype)
+                        return record(self, op, op_id, dtype, other._array, other_key, 0)
+                    return record(self, op, op_id, dtype, other_node, other_node[0],
+                                  other_node[1])
                 other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
             elif is_lazy():
                 mine = self._dtype
-                op, op_id, loop_type, mine_key, other_key, dtype, add = (
+                op, op_id, loop_type, _, other_key, dtype, add = (
                     loops.get((mine, kind)) or resolve(mine, kind))
                 try:
                     constant = loop_type(other)
@@ -812,17 +824,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                         constant = _wrapped_int(offset + int(node[4]), dtype)
                         return pending(self, (*node[:4], constant), dtype)
                     op, op_id, constant = add, add.id, _wrapped_int(offset, dtype)
-                if node is None:
-                    mine_child, size = self._array, 1
-                else:
-                    mine_child, mine_key, size = node, node[0], node[1] + 1
-                structure = ((op_id, other_key, mine_key) if reflected
-                             else (op_id, mine_key, other_key))
-                key = find_key(structure)
-                if key is None:
-                    key = intern_key(structure)
-                return pending(self, (key, size, op, constant, mine_child) if reflected
-                               else (key, size, op, mine_child, constant), dtype)
+                return record(self, op, op_id, dtype, constant, other_key, 0)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
