@@ -31,6 +31,29 @@ def test_counts_gpuscalar_path_reads_at_most_what_the_host_needs(name):
     assert counter.count == gs_syncs
 
 
+@pytest.mark.parametrize("size", ["quick", "default"])
+def test_gpuscalar_paths_launch_no_more_than_the_float_paths(size):
+    """Lazy scalars (folded into the array kernels and the fused optimizer steps) make every
+    gpuscalar path issue at most the device ops of its float path, with fewer syncs."""
+    for name, workload in WORKLOADS.items():
+        params = workload.params(size)
+        float_syncs, float_ops, _ = benchmarks.count_path(workload, "float", params)
+        gs_syncs, gs_ops, _ = benchmarks.count_path(workload, "gpuscalar", params)
+        assert gs_ops <= float_ops, (name, gs_ops, float_ops)
+        assert gs_syncs < float_syncs
+
+
+def test_lr_schedule_costs_two_device_ops_per_step():
+    """The gradient and the fused update: the schedule and the step counter cost nothing."""
+    workload = WORKLOADS["lr_schedule"]
+    counts = {}
+    for steps in (100, 200):
+        params = workload.params("quick", steps=steps)
+        counts[steps] = benchmarks.count_path(workload, "gpuscalar", params)
+    assert counts[200][1] - counts[100][1] == 2 * 100
+    assert counts[100][0] == counts[200][0] == 0  # no sync at all
+
+
 def test_float_path_sync_counts_follow_the_code():
     p = WORKLOADS["train_logging"].params("quick")
     assert benchmarks.count_path(WORKLOADS["train_logging"], "float", p)[0] == p["steps"]
