@@ -68,6 +68,10 @@ class Backend:
         """A context manager making ``device`` current for array creation."""
         return contextlib.nullcontext()
 
+    def synchronize(self) -> None:
+        """Wait until the device has finished the work queued so far (for timings; a host
+        backend has nothing queued)."""
+
     def read_scalar(self, array: Any) -> Any:
         """Copy a 0-d array to the host as a Python scalar. Only `sync.to_host` calls this."""
         raise NotImplementedError
@@ -167,6 +171,9 @@ class CupyBackend(Backend):
 
     def device_context(self, device: object) -> Any:
         return self.xp.cuda.Device(device)
+
+    def synchronize(self) -> None:
+        self.xp.cuda.Device().synchronize()
 
     def read_scalar(self, array: Any) -> Any:
         # ndarray.get() is CuPy's own single choke point for device->host copies.

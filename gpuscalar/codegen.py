@@ -282,11 +282,13 @@ def materialize_spec(root: tuple) -> KernelSpec:
 class ArrayOperand:
     """One operand of a fused array operation: ``kind`` is ``"array"`` (an array of ``dtype``),
     ``"scalar"`` (a GPUScalar: ``root`` is its node, or None for a materialized one) or
-    ``"python"`` (a number, passed as a value of the routine's input type)."""
+    ``"python"`` (a number, passed as a value of the routine's input type). A scalar with
+    ``keep`` is also stored, by one thread, in a 0-d output (its GPUScalar is then kept)."""
 
     kind: str
     dtype: np.dtype
     root: tuple | None = None
+    keep: bool = False
 
 
 def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
@@ -303,7 +305,8 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
     preambles = [OPAQUE_PREAMBLE]
     if ufunc._preamble:
         preambles.append(ufunc._preamble)
-    params, loop_prep, sources, described = [], [], [], [ufunc_name, repr(routine_op.in_types)]
+    params, loop_prep, sources, kept = [], [], [], []
+    described = [ufunc_name, repr(routine_op.in_types)]
     for k, operand in enumerate(operands):
         if operand.kind == "array":
             params.append(f"{operand.dtype.name} _gs_a{k}")
@@ -320,12 +323,17 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
                     else scalar_code(operand.root, prefix))
             params += _param_list(code)
             loop_prep += code.statements
+            if operand.keep:
+                kept.append(f"raw {code.dtype.name} _gs_w{k}")
+                loop_prep.append(f"if (blockIdx.x == 0 && threadIdx.x == 0) "
+                                 f"_gs_w{k}[0] = {code.value};")
             for preamble in code.preambles:
                 if preamble not in preambles:
                     preambles.append(preamble)
             sources.append((code.value, code.dtype))
-            described.append("s" + (operand.dtype.str if operand.root is None
-                                    else expr.describe_structure(operand.root[0])))
+            described.append(("k" if operand.keep else "s") + (
+                operand.dtype.str if operand.root is None
+                else expr.describe_structure(operand.root[0])))
     body = []
     for i, dtype in enumerate(routine_op.in_types):
         body.append(f"typedef {cuda_type(dtype, headers)} in{i}_type;")
@@ -344,7 +352,7 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
     digest = hashlib.sha1("|".join(described).encode()).hexdigest()[:16]
     return KernelSpec(
         in_params=", ".join(params),
-        out_params=", ".join(outs),
+        out_params=", ".join(outs + kept),
         operation="\n".join(body),
         name=f"gpuscalar_fused_{ufunc_name}_{digest}",
         preambles=tuple(headers + preambles),

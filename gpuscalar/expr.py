@@ -40,6 +40,7 @@ import numpy as np
 
 __all__ = [
     "MAX_NODES",
+    "KEEP_NODES",
     "LAZY_ENV_VAR",
     "Op",
     "get_op",
@@ -66,6 +67,12 @@ __all__ = [
 
 #: An expression larger than this (op nodes) is materialized where it is built.
 MAX_NODES = 64
+#: A pending expression of more than this many nodes is *kept* (its value stored) when it is
+#: used a second time, rather than computed again inside every consumer: an array kernel that
+#: consumes it stores it as a side output (no launch of its own), and a second operand use
+#: materializes it (one launch). So a loop-carried scalar (``a = a - lr * grad_a`` consumed by
+#: ``a * x`` every step) keeps a bounded, repeating structure: a handful of kernels, compiled once.
+KEEP_NODES = 4
 #: Environment variable that switches the default mode: ``GPUSCALAR_LAZY=0`` is eager.
 LAZY_ENV_VAR = "GPUSCALAR_LAZY"
 

@@ -109,32 +109,40 @@ def _cached_kernel(key: tuple, make_spec: Any) -> Any:
 
 
 def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                pending: dict[int, tuple]) -> Any:
+                pending: dict[int, tuple], keep: frozenset[int] = frozenset()) -> tuple[Any, dict]:
     """``ufunc(*operands, **kwargs)`` where the GPUScalar operands at the positions in
     ``pending`` are unevaluated expressions (the others already are arrays or numbers, as the
-    eager call would pass them): ONE device op computes the scalars and the array operation."""
+    eager call would pass them): ONE device op computes the scalars and the array operation.
+
+    Returns the result and, for each position in ``keep``, the 0-d array in which the same op
+    stored that scalar's value (so its GPUScalar is materialized without a launch of its own).
+    """
     if backend.evaluates_on_host:
-        return backend.call(_fused_on_host, backend, name, operands, kwargs, pending)
+        return backend.call(_fused_on_host, backend, name, operands, kwargs, pending, keep)
     if backend is CUPY:
-        result = _fused_on_cupy(backend, name, operands, kwargs, pending)
-        if result is not NotImplemented:
-            return result
+        found = _fused_on_cupy(backend, name, operands, kwargs, pending, keep)
+        if found is not NotImplemented:
+            return found
     evaluated = list(operands)
     for position, root in pending.items():
         evaluated[position] = materialize(backend, root, None)
-    return backend.call(backend.ufunc(name), *evaluated, **kwargs)
+    kept = {position: evaluated[position] for position in keep}
+    return backend.call(backend.ufunc(name), *evaluated, **kwargs), kept
 
 
 def _fused_on_host(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                   pending: dict[int, tuple]) -> Any:
+                   pending: dict[int, tuple], keep: frozenset[int]) -> tuple[Any, dict]:
     data = backend.host_data
     args = []
-    like = None
+    like = _first_array([o for o in operands if backend.owns(o)])
+    kept = {}
     for position, operand in enumerate(operands):
         if position in pending:
-            args.append(expr.evaluate_on_host(pending[position], data))
+            value = expr.evaluate_on_host(pending[position], data)
+            args.append(value)
+            if position in keep:
+                kept[position] = backend.from_host_data(value, like)
         elif backend.owns(operand):
-            like = like if like is not None else operand
             args.append(data(operand))
         else:
             args.append(operand)
@@ -145,10 +153,10 @@ def _fused_on_host(backend: Backend, name: str, operands: list[Any], kwargs: dic
         host_kwargs["out"] = tuple(data(o) for o in outs)
     result = getattr(np, name)(*args, **host_kwargs)
     if out is not None:
-        return out
+        return out, kept
     if isinstance(result, tuple):
-        return tuple(backend.from_host_data(r, like) for r in result)
-    return backend.from_host_data(result, like)
+        return tuple(backend.from_host_data(r, like) for r in result), kept
+    return backend.from_host_data(result, like), kept
 
 
 # ---- CuPy ------------------------------------------------------------------------------------
@@ -198,7 +206,7 @@ def dtype_pins_loop(name: str, dtype: np.dtype) -> bool:
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                   pending: dict[int, tuple]) -> Any:
+                   pending: dict[int, tuple], keep: frozenset[int]) -> Any:
     from cupy._core import _scalar  # noqa: PLC0415 - only on the CuPy backend
 
     xp = backend.xp
@@ -212,7 +220,8 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
             root = pending[position]
             in_types.append(root[2].dtype)
             weaks.append(False)
-            described.append(codegen.ArrayOperand("scalar", root[2].dtype, root))
+            described.append(codegen.ArrayOperand("scalar", root[2].dtype, root,
+                                                  position in keep))
             args += expr.leaves_of(root)
             device = device if device is not None else backend.device_of(
                 _first_array(expr.leaves_of(root)))
@@ -238,14 +247,27 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
         return NotImplemented
     out_dtypes = tuple(o.dtype for o in outs) if outs else tuple(routine_op.out_types)
     key = ("fused", name, tuple(routine_op.in_types), tuple(routine_op.out_types),
-           tuple((d.kind, d.dtype, None if d.root is None else d.root[0]) for d in described),
+           tuple((d.kind, d.dtype, None if d.root is None else d.root[0], d.keep)
+                 for d in described),
            out_dtypes)
     kernel = _cached_kernel(
         key, lambda: codegen.fused_spec(name, routine_op, described, out_dtypes))
     if kernel is None:
         return NotImplemented
+    xp = backend.xp
     with backend.device_context(device):
-        return backend.call(kernel, *args, *outs)
+        kept = {position: xp.empty((), dtype=pending[position][2].dtype)
+                for position in sorted(keep)}
+        if kept and not outs:  # a raw side output means every output is passed
+            shape = np.broadcast_shapes(*(a.shape for a in args if backend.owns(a)))
+            outs = tuple(xp.empty(shape, dtype=d) for d in out_dtypes)
+        result = backend.call(kernel, *args, *outs, *kept.values())
+    if kept:
+        result = result[:len(out_dtypes)]
+        result = result[0] if len(result) == 1 else tuple(result)
+    if out is not None:
+        result = out
+    return result, kept
 
 
 def _overlaps(out: Any, other: Any) -> bool:

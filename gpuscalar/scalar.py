@@ -118,8 +118,9 @@ class GPUScalar:
 
     # _array: the 0-d device array, None while pending; _node: the pending expression (or None);
     # _dtype: always known; _device: a pending scalar's device (multi-device backends);
+    # _used: whether a pending expression was already used (see expr.KEEP_NODES);
     # _host: unset until the first read.
-    __slots__ = ("_array", "_node", "_dtype", "_device", "_host")
+    __slots__ = ("_array", "_node", "_dtype", "_device", "_used", "_host")
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
     __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
     __hash__ = None  # type: ignore[assignment]
@@ -349,15 +350,22 @@ def _pending(backend: Backend, node: tuple, dtype: np.dtype, device: object) -> 
     scalar._node = node
     scalar._dtype = dtype
     scalar._device = device
+    scalar._used = False
     if node[1] > expr.MAX_NODES:
         _materialize(scalar)
     return scalar
 
 
 def _child(scalar: GPUScalar) -> Any:
-    """What an expression built from ``scalar`` holds: its node, or its array (a leaf)."""
+    """What an expression built from ``scalar`` holds: its array (a leaf), or its node; an
+    expression larger than `expr.KEEP_NODES` used a second time is materialized first."""
     node = scalar._node
-    return scalar._array if node is None else node
+    if node is None:
+        return scalar._array
+    if scalar._used and node[1] > expr.KEEP_NODES:
+        return _materialize(scalar)
+    scalar._used = True
+    return node
 
 
 def _materialize(scalar: GPUScalar) -> Any:
@@ -578,7 +586,7 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             if op._backend is not backend:
                 op = op._host_value("host operand")  # rule 4: a device value meets a host array
             elif op._node is not None:
-                pending[position] = op._node
+                pending[position] = op
         args.append(op._array if type(op) in _SCALAR_CLASSES else op)
         stand_ins.append(_stand_in(op))
     out = kwargs.get("out")
@@ -601,8 +609,23 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             if dtype is not None and fusion.dtype_pins_loop(name, dtype):
                 kwargs["dtype"] = dtype
     if pending:
-        return fusion.fused_ufunc(backend, name, args, kwargs, pending)
+        return _fused(backend, name, args, kwargs, pending)
     return backend.call(backend.ufunc(name), *args, **kwargs)
+
+
+def _fused(backend: Backend, name: str, args: list[Any], kwargs: dict[str, Any],
+           pending: dict[int, GPUScalar]) -> Any:
+    """An array ufunc computing its pending GPUScalar operands in its own kernel; one larger
+    than `expr.KEEP_NODES` is stored by that kernel too (it is kept: no launch of its own)."""
+    keep = frozenset(p for p, scalar in pending.items() if scalar._node[1] > expr.KEEP_NODES)
+    result, kept = fusion.fused_ufunc(
+        backend, name, args, kwargs, {p: scalar._node for p, scalar in pending.items()}, keep)
+    for position, scalar in pending.items():
+        if position in kept:
+            scalar._array, scalar._node = kept[position], None
+        else:
+            scalar._used = True
+    return result
 
 
 def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
@@ -723,7 +746,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     is_lazy = expr.is_lazy
     find_key, intern_key = expr.find_key, expr.intern_key
     leaf_keys = expr.LEAF_KEYS
-    max_nodes = expr.MAX_NODES
+    max_nodes, keep_nodes = expr.MAX_NODES, expr.KEEP_NODES
     new = object.__new__
 
     def finish(result: Any) -> GPUScalar:
@@ -741,6 +764,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         scalar._node = node
         scalar._dtype = dtype
         scalar._device = self.device if multi_device else "cpu"
+        scalar._used = False
         if node[1] > max_nodes:
             _materialize(scalar)
         return scalar
@@ -775,9 +799,13 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
             """The pending result of ``op`` on this scalar and ``other`` (a node, leaf or
             constant of key ``other_key``): its structure key looked up, the node built."""
             node = self._node
+            if node is not None and self._used and node[1] > keep_nodes:
+                _materialize(self)  # used again: keep it rather than compute it twice
+                node = None
             if node is None:
                 mine, mine_key, size = self._array, leaf_keys[self._dtype], 1 + other_size
             else:
+                self._used = True
                 mine, mine_key, size = node, node[0], node[1] + 1 + other_size
             structure = (op_id, other_key, mine_key) if reflected else (op_id, mine_key, other_key)
             key = find_key(structure)
@@ -789,6 +817,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                                                                           other)
             scalar._dtype = dtype
             scalar._device = self.device if multi_device else "cpu"
+            scalar._used = False
             if size > max_nodes:
                 _materialize(scalar)
             return scalar
@@ -800,11 +829,13 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                     mine = self._dtype
                     op, op_id, _, _, other_key, dtype, _ = (
                         loops.get((mine, other._dtype)) or resolve(mine, other._dtype))
-                    other_node = other._node
-                    if other_node is None:
+                    if other._node is None:
                         return record(self, op, op_id, dtype, other._array, other_key, 0)
-                    return record(self, op, op_id, dtype, other_node, other_node[0],
-                                  other_node[1])
+                    other_child = _child(other)
+                    if other._node is None:  # kept (materialized) now: a leaf
+                        return record(self, op, op_id, dtype, other_child, other_key, 0)
+                    return record(self, op, op_id, dtype, other_child, other_child[0],
+                                  other_child[1])
                 other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
@@ -822,6 +853,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                     offset = other if op is add else -other
                     if node is not None and node[2] is add and type(node[4]) is not tuple:
                         constant = _wrapped_int(offset + int(node[4]), dtype)
+                        self._used = True
                         return pending(self, (*node[:4], constant), dtype)
                     op, op_id, constant = add, add.id, _wrapped_int(offset, dtype)
                 return record(self, op, op_id, dtype, constant, other_key, 0)
@@ -849,11 +881,11 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         def operator(self: GPUScalar) -> Any:
             if is_lazy():
                 op, op_id, mine_key, dtype = ops.get(self._dtype) or resolve(self._dtype)
-                node = self._node
-                if node is None:
-                    child, size = self._array, 1
+                child = self._array if self._node is None else _child(self)
+                if type(child) is tuple:
+                    mine_key, size = child[0], child[1] + 1
                 else:
-                    child, mine_key, size = node, node[0], node[1] + 1
+                    size = 1
                 structure = (op_id, mine_key)
                 key = find_key(structure)
                 if key is None:

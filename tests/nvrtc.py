@@ -106,7 +106,8 @@ def elementwise_source(spec: Any, array_ndim: int = 1) -> str:
             infos.append(_kernel._ArgInfo(3, _scalar.CScalar, dtype, 0, True, True))
             in_types.append(None)
     out_types = tuple(np.dtype(p.dtype) for p in kernel.out_params)
-    infos += [_kernel._ArgInfo(1, cupy.ndarray, d, arrays_ndim, True, True) for d in out_types]
+    infos += [_kernel._ArgInfo(1, cupy.ndarray, np.dtype(p.dtype), 0 if p.raw else arrays_ndim,
+                               True, True) for p in kernel.out_params]
     infos.append(_kernel._ArgInfo(2, _carray.Indexer, None, arrays_ndim, True, True))
     _, _, type_map = kernel._decide_params_type(tuple(in_types), out_types)
     return _kernel._get_elementwise_kernel_code(

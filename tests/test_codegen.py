@@ -143,6 +143,19 @@ def test_without_the_barrier_the_compiler_would_contract(nvrtc):
     assert re.search(r"\bfma\.rn\.f64", ptx)
 
 
+def test_a_kept_scalar_is_stored_once_by_the_consuming_kernel(nvrtc):
+    lr = gs.minimum(1.0, gs.asscalar(0.5) * 3) / 10 + 1
+    routine = eager_cupy_op(cupy.multiply, (F32, F64), (False, False), F32)
+    spec = codegen.fused_spec(
+        "multiply", routine,
+        [codegen.ArrayOperand("array", F32), codegen.ArrayOperand("scalar", F64, lr._node, True)],
+        (F32,),
+    )
+    assert spec.out_params == "float32 _gs_out0, raw float64 _gs_w1"
+    assert "if (blockIdx.x == 0 && threadIdx.x == 0) _gs_w1[0] = _gs_s1_v3;" in spec.loop_prep
+    nv.compile_source(nvrtc, nv.join_sources([spec]), "kept.cu", nv.cupy_options())
+
+
 def test_fused_array_kernel_computes_the_scalar_once_per_thread(nvrtc):
     s = gs.asscalar(np.float64(0.5))
     lr = gs.minimum(1.0, s * 3) / 10
@@ -167,7 +180,8 @@ def test_fused_array_kernels_compile(nvrtc, ufunc_name, array_dtype):
     pending = (gs.asscalar(2.5) * 3 + 1)._node
     operands = [
         [codegen.ArrayOperand("array", array_dtype), codegen.ArrayOperand("scalar", F64, pending)],
-        [codegen.ArrayOperand("scalar", F64, pending), codegen.ArrayOperand("array", array_dtype)],
+        [codegen.ArrayOperand("scalar", F64, pending, keep=True),
+         codegen.ArrayOperand("array", array_dtype)],
         [codegen.ArrayOperand("array", array_dtype), codegen.ArrayOperand("scalar", F32)],
     ]
     ufunc = getattr(cupy, ufunc_name)

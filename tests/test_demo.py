@@ -6,32 +6,69 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import gpuscalar as gs
 from gpuscalar import __main__ as cli
-from gpuscalar import demo
+from gpuscalar import demo, strict
 from gpuscalar.backend import NUMPY
 
 
-def test_demo_paths_agree_and_gpuscalar_reads_only_what_it_prints():
-    results = demo.run(NUMPY, steps=30)
+@pytest.mark.parametrize("backend", [NUMPY, strict.STRICT], ids=["numpy", "strict"])
+def test_demo_paths_agree_and_gpuscalar_reads_only_what_it_prints(backend):
+    results = demo.run(backend, steps=30, repeats=3)
     assert results["float"]["syncs"] == 30  # one float(loss) per step
     assert results["gpuscalar"]["syncs"] == 2  # the two printed values
     assert results["max_weight_difference"] == 0.0
     assert np.isclose(results["float"]["best"], results["gpuscalar"]["best"])
+    for name in ("float", "gpuscalar"):
+        times = results[name]["times"]
+        assert len(times) == 3 and results[name]["seconds"] == sorted(times)[1]  # the median
+
+
+def test_demo_warms_up_both_paths_before_timing(monkeypatch):
+    calls: list[str] = []
+    timed: list[bool] = []
+
+    def recorder(name, original):
+        def path(xp, steps):
+            calls.append(name)
+            return original(xp, steps)
+        return path
+
+    monkeypatch.setattr(demo, "PATHS", {n: recorder(n, p) for n, p in demo.PATHS.items()})
+    real_timed = demo._timed
+    monkeypatch.setattr(demo, "_timed", lambda *a: timed.append(True) or real_timed(*a))
+    demo.run(NUMPY, steps=3, repeats=2)
+    # counted run of each, then one warm-up of each, then the timed runs of each
+    assert calls == ["float", "gpuscalar", "float", "gpuscalar", "float", "float",
+                     "gpuscalar", "gpuscalar"]
+    assert len(timed) == 2 + 2 * 2
+
+
+def test_demo_rejects_a_bad_repeat_count():
+    with pytest.raises(ValueError, match="repeats"):
+        demo.run(NUMPY, steps=3, repeats=0)
 
 
 def test_demo_cli_prints_the_table(capsys):
     assert cli.main(["demo", "--steps", "12"]) == 0
     out = capsys.readouterr().out
     assert "float" in out and "gpuscalar" in out
+    assert "median of 5 runs of each path, after 1 untimed warm-up run" in out
     rows = [line.split() for line in out.splitlines()]
     rows = [r for r in rows if len(r) == 3 and r[0] in ("float", "gpuscalar") and r[1].isdigit()]
     assert [(r[0], int(r[1])) for r in rows] == [("float", 12), ("gpuscalar", 2)]
 
 
+def test_demo_runs_on_the_strict_device(capsys):
+    assert cli.main(["demo", "--steps", "5", "--repeats", "1", "--backend", "strict"]) == 0
+    out = capsys.readouterr().out
+    assert "strict device" in out and "median of 1 runs" in out
+
+
 def test_demo_rejects_bad_arguments(capsys):
-    rejected = [["demo", "--steps", "0"]]
+    rejected = [["demo", "--steps", "0"], ["demo", "--repeats", "0"]]
     if not gs.gpu_available():  # on a GPU machine --backend cupy is a valid request
         rejected.append(["demo", "--backend", "cupy"])
     for argv in rejected:
@@ -42,7 +79,7 @@ def test_demo_rejects_bad_arguments(capsys):
         else:
             raise AssertionError(f"{argv} was accepted")
     err = capsys.readouterr().err
-    assert "--steps must be at least 1" in err
+    assert "--steps must be at least 1" in err and "must be at least 1, got 0" in err
     assert ("CUDA device" in err) == (not gs.gpu_available())
 
 
