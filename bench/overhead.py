@@ -1,14 +1,24 @@
-"""Per-op overhead of GPUScalar arithmetic over the raw backend 0-d op, as a ratio.
+"""Per-op cost of GPUScalar arithmetic against the raw backend 0-d op, and of one host read.
 
-Run ``python bench/overhead.py`` (NumPy here; ``--backend cupy`` on a GPU). On NumPy the raw
-0-d op costs a few hundred nanoseconds, so this measures gpuscalar's Python overhead at its most
-visible; on CuPy each op is a kernel launch (~10 µs of CPU time) and the ratio shrinks.
-Target: <= 2x for ``s + 1.0`` and ``s * t``.
+Run ``python bench/overhead.py`` (NumPy here; ``--backend cupy`` on a GPU; ``--json FILE`` also
+writes the numbers). For each operation it times:
+
+- *lazy*: recording the operation as a pending expression (the default mode): no launch, so on
+  every backend this is gpuscalar's own Python cost. Target: <= 1 us per node on the CI machine,
+  far below a CuPy launch (~10 us);
+- *eager*: one backend call per operation (``gs.lazy(False)``), the 0.1.0 behaviour;
+- *raw*: the same operation on the backend's 0-d arrays directly.
+
+On NumPy the raw op costs a few hundred nanoseconds, so the ratios show gpuscalar's overhead at
+its most visible; on CuPy each raw or eager op is a kernel launch. It also times one host read
+of a small reduction with the device idle (``float(gs.sum(x))``): on NumPy a copy of memory
+already on the host, on a GPU a launch, a sync and a device-to-host copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -34,25 +44,67 @@ def best_time(function: Callable[[], Any], number: int, repeat: int) -> float:
     return min(timeit.repeat(function, number=number, repeat=repeat)) / number
 
 
-def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -> dict[str, dict]:
-    xp = get_backend(backend_name).xp
-    results = {}
+def read_latency(backend_name: str, number: int = 200, repeat: int = 5) -> float:
+    """Seconds for ``float(gs.sum(x))`` of a small array with nothing else queued: the cost of
+    one sync (a reduction launch, the wait and the copy on a GPU)."""
+    backend = get_backend(backend_name)
+    x = backend.xp.ones(16)
+
+    def read() -> float:
+        return float(gs.sum(x))
+
+    read()  # compile the reduction first
+    backend.synchronize()
+    return best_time(read, number, repeat)
+
+
+def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -> dict[str, Any]:
+    """Nanoseconds per op (lazy, eager, raw) for each case, and the idle read latency."""
+    backend = get_backend(backend_name)
+    xp = backend.xp
+    rows = {}
     for name, (ours, raw) in cases(xp).items():
-        ours_s, raw_s = best_time(ours, number, repeat), best_time(raw, number, repeat)
-        results[name] = {"gpuscalar_ns": ours_s * 1e9, "raw_ns": raw_s * 1e9,
-                         "ratio": ours_s / raw_s}
-    return results
+        lazy_s = best_time(ours, number, repeat)
+        with gs.lazy(False):
+            ours()  # compile the eager kernels first (CuPy)
+            eager_s = best_time(ours, number, repeat)
+        raw()
+        raw_s = best_time(raw, number, repeat)
+        backend.synchronize()
+        rows[name] = {"lazy_ns": lazy_s * 1e9, "eager_ns": eager_s * 1e9, "raw_ns": raw_s * 1e9,
+                      "lazy_ratio": lazy_s / raw_s, "eager_ratio": eager_s / raw_s}
+    return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": rows,
+            "read_latency_us": read_latency(backend_name) * 1e6}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
-    args = parser.parse_args()
-    print(f"{'op':<12} {'gpuscalar':>12} {'raw 0-d op':>12} {'ratio':>7}")
-    for name, row in measure(args.backend).items():
-        print(f"{name:<12} {row['gpuscalar_ns']:>10.0f}ns {row['raw_ns']:>10.0f}ns "
-              f"{row['ratio']:>6.2f}x")
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'op':<12} {'lazy':>9} {'eager':>9} {'raw 0-d':>9} {'lazy/raw':>9} "
+             f"{'eager/raw':>9}"]
+    for name, row in result["ops"].items():
+        lines.append(f"{name:<12} {row['lazy_ns']:>7.0f}ns {row['eager_ns']:>7.0f}ns "
+                     f"{row['raw_ns']:>7.0f}ns {row['lazy_ratio']:>8.2f}x "
+                     f"{row['eager_ratio']:>8.2f}x")
+    lines.append(f"float(gs.sum(small array)), queue idle: {result['read_latency_us']:.1f} us")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="numpy", choices=("numpy", "strict", "cupy"))
+    parser.add_argument("--json", metavar="FILE", default=None, help="also write the numbers")
+    parser.add_argument("--number", type=int, default=20000, help="calls per timing")
+    args = parser.parse_args(argv)
+    if args.backend == "cupy" and not gs.gpu_available():
+        print("bench/overhead.py --backend cupy needs a CUDA GPU; none found, nothing measured.")
+        return 0
+    result = measure(args.backend, number=args.number)
+    print(f"per-op CPU time on {result['device']} (best of 7 x {args.number} calls)")
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

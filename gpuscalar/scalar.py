@@ -117,7 +117,7 @@ class GPUScalar:
     """
 
     # _array: the 0-d device array, None while pending; _node: the pending expression (or None);
-    # _dtype: always known; _device: a pending scalar's device (multi-device backends);
+    # _dtype, _device: always known (the device id on multi-device backends, else "cpu");
     # _used: whether a pending expression was already used (see expr.KEEP_NODES);
     # _host: unset until the first read.
     __slots__ = ("_array", "_node", "_dtype", "_device", "_used", "_host")
@@ -164,9 +164,7 @@ class GPUScalar:
     @property
     def device(self) -> object:
         """``"cpu"`` for NumPy, the CUDA device id for CuPy (no sync)."""
-        if self._array is None:
-            return self._device
-        return self._backend.device_of(self._array)
+        return self._device
 
     @property
     def is_materialized(self) -> bool:
@@ -339,6 +337,7 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
     scalar._array = result
     scalar._node = None
     scalar._dtype = dtype
+    scalar._device = backend.device_of(result) if backend.multi_device else "cpu"
     return scalar
 
 
@@ -414,7 +413,7 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
     backend = left._backend
     if kind in promote.PYTHON_SCALAR_TYPES:
         other = right
-    elif kind in _SCALAR_CLASSES and kind._backend is backend and not backend.multi_device:
+    elif kind in _SCALAR_CLASSES and kind._backend is backend and right._device == left._device:
         other = None
     else:
         operands = (right, left) if reflected else (left, right)
@@ -736,9 +735,9 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     operation is a dict lookup of its loop (per operand dtypes), the conversion of a Python
     number, and one node; eager, one ufunc call.
     """
-    # Same-class operands skip the device check only where there is one device.
-    fast_class = None if backend.multi_device else cls
+    fast_class = cls
     multi_device = backend.multi_device
+    device_of = backend.device_of
     out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
     real_python_types = frozenset({bool, int, float})
     note_op = sync.note_device_op
@@ -756,6 +755,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         scalar._array = result
         scalar._node = None
         scalar._dtype = result.dtype
+        scalar._device = device_of(result) if multi_device else "cpu"
         return scalar
 
     def pending(self: GPUScalar, node: tuple, dtype: np.dtype) -> GPUScalar:
@@ -763,7 +763,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         scalar._array = None
         scalar._node = node
         scalar._dtype = dtype
-        scalar._device = self.device if multi_device else "cpu"
+        scalar._device = self._device
         scalar._used = False
         if node[1] > max_nodes:
             _materialize(scalar)
@@ -816,7 +816,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
             scalar._node = (key, size, op, other, mine) if reflected else (key, size, op, mine,
                                                                           other)
             scalar._dtype = dtype
-            scalar._device = self.device if multi_device else "cpu"
+            scalar._device = self._device
             scalar._used = False
             if size > max_nodes:
                 _materialize(scalar)
@@ -825,6 +825,8 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
             if kind is fast_class:
+                if multi_device and other._device != self._device:
+                    return _binary(self, other, name, reflected)  # rule 5: the device error
                 if is_lazy():  # both GPUScalars of this class
                     mine = self._dtype
                     op, op_id, _, _, other_key, dtype, _ = (
