@@ -1,0 +1,298 @@
+"""One command for a GPU machine: run everything that needs a GPU, and write down what it saw.
+
+    python bench/gpu_report.py --out DIR
+
+Why this script exists: a GPU is lent to this project rarely and briefly. In one run (five
+minutes on one H100) it records the environment (device, driver, CUDA, CuPy, NumPy, Python,
+date), `gpuscalar bench --backend cupy`, fused Adam's bandwidth and the multi-tensor optimizer
+table (`bench/gpu_adam.py`), per-op overhead and the idle read latency on CuPy
+(`bench/overhead.py`), the demo, the sync table of every workload's gpuscalar path under
+``count_syncs(include_cupy=True)`` (each must read only what it states it needs), the captured
+training loop against PyTorch's CUDA graph (`bench/gpu_capture.py`, when present) and the whole
+test suite. It writes ``DIR/report.md`` and ``DIR/report.json``.
+
+Each section runs in a subprocess with its own time limit, under one overall deadline, so a crash
+or a hang costs that section only; the measurements run before the (longest) test suite. Nothing
+is ever estimated: a section that did not run says so. Without a GPU the script says that no GPU
+was found and nothing was measured, writes a report saying so, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+#: The whole report must fit in this many seconds on one GPU.
+TOTAL_BUDGET_S = 290.0
+
+
+@dataclass(frozen=True)
+class Section:
+    """One thing the report runs: ``argv`` (``{json}`` is replaced by the section's JSON file),
+    its time limit, and the file that must exist for it to run at all (optional sections)."""
+
+    name: str
+    title: str
+    argv: tuple[str, ...]
+    budget_s: float
+    writes_json: bool = False
+    requires: str | None = None
+
+
+@dataclass
+class SectionResult:
+    name: str
+    title: str
+    status: str  # "ok", "failed", "timeout", "skipped"
+    seconds: float
+    returncode: int | None
+    output_tail: str
+    data: Any = None
+    reason: str = ""
+
+
+def _python(*args: str) -> tuple[str, ...]:
+    return (sys.executable, *args)
+
+
+#: In running order: the measurements first, the test suite last.
+SECTIONS: tuple[Section, ...] = (
+    Section("environment", "Environment", _python(__file__, "--section", "environment",
+                                                  "--json", "{json}"), 30, True),
+    Section("syncs", "Sync table of each workload's gpuscalar path (CuPy, include_cupy=True)",
+            _python(__file__, "--section", "syncs", "--json", "{json}"), 40, True),
+    Section("bench", "gpuscalar bench --backend cupy",
+            _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 60,
+            True),
+    Section("adam", "Fused Adam bandwidth and the optimizer table (bench/gpu_adam.py)",
+            _python("bench/gpu_adam.py", "--json", "{json}"), 45, True),
+    Section("overhead", "Per-op overhead on CuPy (bench/overhead.py)",
+            _python("bench/overhead.py", "--backend", "cupy", "--number", "2000",
+                    "--json", "{json}"), 30, True),
+    Section("demo", "The demo (gpuscalar demo --backend cupy)",
+            _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 25),
+    Section("capture", "Captured training loop vs PyTorch's CUDA graph (bench/gpu_capture.py)",
+            _python("bench/gpu_capture.py", "--json", "{json}"), 40, True,
+            requires="bench/gpu_capture.py"),
+    Section("tests", "The whole test suite (python -m pytest -q)",
+            _python("-m", "pytest", "-q", "-p", "no:cacheprovider"), 150),
+)
+
+
+def run_sections(sections: tuple[Section, ...] | list[Section], out: Path,
+                 total_budget_s: float = TOTAL_BUDGET_S) -> list[SectionResult]:
+    """Run each section in a subprocess (from the repository root), each limited by its own
+    budget and by what is left of ``total_budget_s``; a section with no time left is skipped."""
+    deadline = time.monotonic() + total_budget_s
+    results = []
+    for section in sections:
+        if section.requires and not (REPO / section.requires).exists():
+            results.append(SectionResult(section.name, section.title, "skipped", 0.0, None, "",
+                                         reason=f"{section.requires} does not exist"))
+            continue
+        left = deadline - time.monotonic()
+        if left < 5:
+            results.append(SectionResult(section.name, section.title, "skipped", 0.0, None, "",
+                                         reason="no time left in the report's budget"))
+            continue
+        results.append(_run_one(section, out, min(section.budget_s, left)))
+        print(f"  {section.name}: {results[-1].status} ({results[-1].seconds:.0f} s)",
+              flush=True)
+    return results
+
+
+def _run_one(section: Section, out: Path, limit: float) -> SectionResult:
+    json_file = out / f"{section.name}.json"
+    argv = [arg.replace("{json}", str(json_file)) for arg in section.argv]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    try:
+        completed = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                                   timeout=limit, env=env)
+    except subprocess.TimeoutExpired as expired:
+        output = _text(expired.stdout) + _text(expired.stderr)
+        return SectionResult(section.name, section.title, "timeout", time.monotonic() - start,
+                             None, _tail(output), reason=f"stopped after its {limit:.0f} s limit")
+    seconds = time.monotonic() - start
+    output = completed.stdout + completed.stderr
+    data = None
+    if section.writes_json and json_file.exists():
+        try:
+            data = json.loads(json_file.read_text())
+        except json.JSONDecodeError as error:
+            data = {"unreadable": str(error)}
+    status = "ok" if completed.returncode == 0 else "failed"
+    return SectionResult(section.name, section.title, status, seconds, completed.returncode,
+                         _tail(output), data)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+# ---- sections implemented here ---------------------------------------------------------------
+
+
+def environment() -> dict[str, Any]:
+    """Device, driver, CUDA, library versions and the date (no device work)."""
+    import numpy
+
+    import gpuscalar
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(), "numpy": numpy.__version__,
+        "gpuscalar": gpuscalar.__version__, "host": platform.node(),
+        "gpu": gpuscalar.gpu_available(),
+    }
+    if info["gpu"]:
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        props = runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        info.update(
+            cupy=cupy.__version__,
+            device=name.decode() if isinstance(name, bytes) else name,
+            cuda_runtime=runtime.runtimeGetVersion(),
+            cuda_driver=runtime.driverGetVersion(),
+            multiprocessors=props["multiProcessorCount"],
+            memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
+        )
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        query = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = query.stdout.strip()
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def workload_sync_tables(xp: Any, size: str = "default") -> list[dict[str, Any]]:
+    """Each workload's gpuscalar path on ``xp`` under a counter that also sees the array
+    library's own syncs: its sync table, and whether it read only what it states it needs."""
+    from gpuscalar import sync
+    from gpuscalar.workloads import WORKLOADS
+
+    rows = []
+    for name, workload in WORKLOADS.items():
+        params = workload.params(size)
+        inputs = workload.make_inputs(xp, params)
+        counter = sync.SyncCounter(include_cupy=True)
+        if xp.__name__ == "cupy":
+            with sync.count_syncs(include_cupy=True) as counter:
+                workload.run("gpuscalar", xp, params, inputs)
+        else:  # the strict device declares its reads as CuPy does; no CuPy hook needed
+            with sync._activate(counter):
+                workload.run("gpuscalar", xp, params, inputs)
+        needed = workload.host_values_needed(params)
+        rows.append({"workload": name, "syncs": counter.count, "needed": needed,
+                     "only_stated_reads": counter.count <= needed,
+                     "device_ops": counter.device_ops, "table": counter.report()})
+    return rows
+
+
+def syncs_section() -> dict[str, Any]:
+    import cupy
+
+    rows = workload_sync_tables(cupy)
+    return {"workloads": rows, "all_only_stated_reads": all(r["only_stated_reads"] for r in rows)}
+
+
+# ---- writing the report --------------------------------------------------------------------------
+
+
+def to_markdown(environment_info: dict[str, Any], results: list[SectionResult]) -> str:
+    lines = ["# gpuscalar GPU report", ""]
+    if not environment_info.get("gpu"):
+        lines += ["**No GPU was found on this machine: nothing was measured.**", ""]
+    lines += ["| | |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in environment_info.items()]
+    for result in results:
+        lines += ["", f"## {result.title}", "",
+                  f"status: **{result.status}**, {result.seconds:.0f} s"
+                  + (f" ({result.reason})" if result.reason else "")]
+        if result.name == "syncs" and isinstance(result.data, dict):
+            for row in result.data.get("workloads", []):
+                verdict = "ok" if row["only_stated_reads"] else "**MORE THAN STATED**"
+                lines += ["", f"`{row['workload']}`: {row['syncs']} syncs, {row['needed']} "
+                          f"needed: {verdict}", "", "```", row["table"], "```"]
+        if result.output_tail:
+            lines += ["", "```", result.output_tail, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, environment_info: dict[str, Any],
+                 results: list[SectionResult]) -> None:
+    report = {"environment": environment_info, "total_budget_s": TOTAL_BUDGET_S,
+              "sections": [asdict(r) for r in results]}
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(to_markdown(environment_info, results))
+
+
+def _parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="bench/gpu_report.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="folder for report.md and report.json")
+    parser.add_argument("--section", choices=("environment", "syncs"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.section:  # one section, run in its own process by the report
+        data = environment() if args.section == "environment" else syncs_section()
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=2, default=str))
+        print(json.dumps(data, indent=2, default=str)[:4000])
+        return 0 if data.get("all_only_stated_reads", True) else 1
+    if args.out is None:
+        parser.print_usage(sys.stderr)
+        print("bench/gpu_report.py: --out DIR is required", file=sys.stderr)
+        return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        probe = args.out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        print(f"bench/gpu_report.py: cannot write to --out {str(args.out)!r}: "
+              f"{error.strerror}", file=sys.stderr)
+        return 2
+    info = environment()
+    if not info["gpu"]:
+        print("bench/gpu_report.py: no GPU found (CuPy sees no CUDA device): nothing was "
+              f"measured. Wrote a report saying so to {args.out}/.")
+        write_report(args.out, info, [])
+        return 0
+    print(f"bench/gpu_report.py on {info.get('device')}: {len(SECTIONS)} sections, at most "
+          f"{TOTAL_BUDGET_S:.0f} s", flush=True)
+    results = run_sections(SECTIONS, args.out)
+    write_report(args.out, info, results)
+    print(f"wrote {args.out}/report.md and {args.out}/report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

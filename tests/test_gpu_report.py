@@ -1,0 +1,105 @@
+"""bench/gpu_report.py: its CPU behaviour, the section runner, the sync-table check, the writers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import gpu_report
+from gpuscalar import strict
+from gpuscalar.workloads import WORKLOADS
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(gpu_report.REPO / "bench" / "gpu_report.py"),
+                           *args], capture_output=True, text=True, timeout=120)
+
+
+def test_without_a_gpu_it_says_so_writes_a_report_and_exits_0(tmp_path):
+    if gpu_report.environment()["gpu"]:
+        pytest.skip("a GPU is present: the report itself is the test there")
+    result = _run("--out", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stderr
+    assert "no GPU found" in result.stdout and "nothing was measured" in result.stdout
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["environment"]["gpu"] is False and report["sections"] == []
+    assert report["environment"]["numpy"] and report["environment"]["date"]
+    assert "No GPU was found" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_out_is_required_and_must_be_writable(tmp_path):
+    missing = _run()
+    assert missing.returncode == 2 and "--out DIR is required" in missing.stderr
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    unwritable = _run("--out", str(blocker / "inside"))
+    assert unwritable.returncode == 2 and "cannot write to --out" in unwritable.stderr
+
+
+def _section(name, code, budget=20.0, **kwargs):
+    return gpu_report.Section(name, name.title(), (sys.executable, "-c", code), budget, **kwargs)
+
+
+def test_sections_run_in_their_own_processes_and_failures_stay_local(tmp_path):
+    sections = [
+        _section("good", "print('fine')"),
+        _section("broken", "raise SystemExit('it broke')"),
+        _section("slow", "import time; time.sleep(30)", budget=1.0),
+        _section("absent", "print('never')", requires="bench/no_such_script.py"),
+        _section("after", "print('still runs')"),
+    ]
+    results = gpu_report.run_sections(sections, tmp_path, total_budget_s=60)
+    by_name = {r.name: r for r in results}
+    assert by_name["good"].status == "ok" and "fine" in by_name["good"].output_tail
+    assert by_name["broken"].status == "failed" and "it broke" in by_name["broken"].output_tail
+    assert by_name["slow"].status == "timeout" and "limit" in by_name["slow"].reason
+    assert by_name["absent"].status == "skipped" and "does not exist" in by_name["absent"].reason
+    assert by_name["after"].status == "ok"
+
+
+def test_a_section_writes_json_that_the_report_collects(tmp_path):
+    code = "import json, sys; json.dump({'answer': 42}, open(sys.argv[1], 'w'))"
+    section = gpu_report.Section("data", "Data", (sys.executable, "-c", code, "{json}"), 20,
+                                 writes_json=True)
+    (result,) = gpu_report.run_sections([section], tmp_path, total_budget_s=30)
+    assert result.status == "ok" and result.data == {"answer": 42}
+
+
+def test_sections_past_the_overall_budget_are_skipped(tmp_path):
+    sections = [_section("first", "import time; time.sleep(2)"), _section("second", "pass")]
+    results = gpu_report.run_sections(sections, tmp_path, total_budget_s=6)
+    assert [r.status for r in results] == ["ok", "skipped"]
+    assert "no time left" in results[1].reason
+
+
+def test_every_planned_section_exists_and_fits_the_budget():
+    names = [s.name for s in gpu_report.SECTIONS]
+    assert names[-1] == "tests"  # measurements first, the long suite last
+    assert {"environment", "syncs", "bench", "adam", "overhead", "demo", "capture"} <= set(names)
+    for section in gpu_report.SECTIONS:
+        script = section.argv[1]
+        if script.endswith(".py") and not section.requires:
+            assert (gpu_report.REPO / script).exists(), script
+
+
+def test_workload_sync_tables_show_only_the_stated_reads_on_the_strict_device():
+    rows = gpu_report.workload_sync_tables(strict.xp, size="quick")
+    assert [r["workload"] for r in rows] == list(WORKLOADS)
+    for row in rows:
+        assert row["only_stated_reads"], row
+        assert row["table"].startswith(f"gpuscalar: {row['syncs']} sync")
+
+
+def test_markdown_names_every_section_and_flags_extra_reads():
+    rows = [{"workload": "w", "syncs": 3, "needed": 1, "only_stated_reads": False,
+             "table": "gpuscalar: 3 syncs"}]
+    results = [
+        gpu_report.SectionResult("syncs", "Sync table", "failed", 1.0, 1, "", {"workloads": rows}),
+        gpu_report.SectionResult("demo", "The demo", "ok", 2.0, 0, "demo output"),
+    ]
+    text = gpu_report.to_markdown({"gpu": True, "device": "NVIDIA H100"}, results)
+    assert "## Sync table" in text and "## The demo" in text and "demo output" in text
+    assert "MORE THAN STATED" in text and "No GPU" not in text
