@@ -285,8 +285,18 @@ def postorder(root: tuple) -> Iterator[tuple[Any, bool]]:
 
 
 def leaves_of(root: tuple) -> list[Any]:
-    """The leaves and constants of ``root`` in the order its `Plan` numbers them."""
-    return [item for item, node in postorder(root) if not node]
+    """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
+    as `postorder` meets them). Called for every evaluation, so it walks without a generator."""
+    leaves: list[Any] = []
+    stack: list[Any] = [root]
+    pop, push, append = stack.pop, stack.extend, leaves.append
+    while stack:
+        item = pop()
+        if type(item) is tuple:
+            push(item[:2:-1])  # the children, last first: popped left to right
+        else:
+            append(item)
+    return leaves
 
 
 class Plan:

@@ -81,6 +81,9 @@ POINTER_CTYPES: dict[str, str] = {
     "uint64": "unsigned long long",
     "bool": "bool",
 }
+#: The same tables by dtype (``dtype.name`` is a slow property on a per-step path).
+_KERNEL_DTYPE_NAMES = {np.dtype(name): name for name in KERNEL_DTYPES}
+_POINTER_DTYPE_NAMES = {np.dtype(name): name for name in POINTER_CTYPES}
 #: NumPy twins of the helper functions the expression strings may call (see the .cu header).
 NUMPY_HELPERS: dict[str, Any] = {
     "sqrt": np.sqrt,
@@ -230,7 +233,7 @@ def _route(value: Any) -> tuple[ScalarKind, tuple[Any, ...]]:
         if node is not None:
             return ("pending", expr.plan_of(node).key), tuple(expr.leaves_of(node))
         array = _array_of(value)
-        return ("pointer", array.dtype.name), (array,)
+        return ("pointer", _POINTER_DTYPE_NAMES[array.dtype]), (array,)
     if type(value) is _CounterRead:
         return ("counter", value.read), (value.array,)
     return _VALUE, (value,)
@@ -522,7 +525,7 @@ def _run_program(
         return
     first = arrays[program.arrays[0]]
     source, name = _kernel_source(
-        program, first.dtype.name, tuple(kind for kind, _ in routed),
+        program, _KERNEL_DTYPE_NAMES[first.dtype], tuple(kind for kind, _ in routed),
         None if skip_routed is None else skip_routed[0], False,
     )
     args: list[Any] = [np.int64(first.size)]
@@ -547,7 +550,7 @@ def _check_array(value: Any, what: str) -> Backend:
     backend = backend_of(value)
     if backend is None:
         raise TypeError(f"{what} must be a NumPy or CuPy array, got {type(value).__name__}")
-    if value.dtype.name not in KERNEL_DTYPES:
+    if value.dtype not in _KERNEL_DTYPE_NAMES:
         raise TypeError(f"{what} must be float32 or float64, got dtype {value.dtype}")
     if _needs_contiguous(backend) and not value.flags.c_contiguous:
         raise ValueError(
@@ -606,7 +609,7 @@ def _hyper(
             )
         if backend.multi_device and value.device != device:
             raise ValueError(f"{name} is on device {value.device!r} but the arrays on {device!r}")
-        if value.dtype.kind not in "fiu" or value.dtype.name not in POINTER_CTYPES:
+        if value.dtype.kind not in "fiu" or value.dtype not in _POINTER_DTYPE_NAMES:
             raise TypeError(
                 f"{name} must be a real number, got a GPUScalar of dtype {value.dtype} (the "
                 "kernels read float32/float64/int32/int64/uint32/uint64 scalars)"
@@ -899,7 +902,7 @@ class _Group:
             backend.call(_evaluate_host, backend, program, scalars, self.tensors, skip)
             return
         source, name = _kernel_source(
-            program, self.dtype.name, tuple(kind for kind, _ in scalars),
+            program, _KERNEL_DTYPE_NAMES[self.dtype], tuple(kind for kind, _ in scalars),
             None if skip is None else skip[0], True,
         )
         args = list(self.prefix)

@@ -1055,17 +1055,25 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     return backend.call(backend.xp.where, *args)
 
 
+#: (the branches' stand-ins) -> (the result dtype, the where op)
+_WHERE_LOOPS: dict[tuple[Any, Any], tuple[np.dtype, expr.Op]] = {}
+
+
 def _lazy_where(backend: Backend, operands: tuple[Any, Any, Any]) -> GPUScalar:
     """``where(condition, x, y)`` over scalars as a pending node: the branches meet in NumPy's
     result dtype for them (a Python number weak, as in eager ``where``)."""
     condition, x, y = operands
-    dtype = promote.result_dtype([_scalar_stand_in(x), _scalar_stand_in(y)])
-    in_dtypes = (np.dtype(bool), _scalar_stand_in(x) if type(x) in _SCALAR_CLASSES else dtype,
-                 _scalar_stand_in(y) if type(y) in _SCALAR_CLASSES else dtype)
-    children = tuple(
-        _child(op) if type(op) in _SCALAR_CLASSES else in_dtype.type(op)
-        for op, in_dtype in zip(operands, in_dtypes, strict=True)
+    stand_ins = (_scalar_stand_in(x), _scalar_stand_in(y))
+    found = _WHERE_LOOPS.get(stand_ins)
+    if found is None:
+        dtype = promote.result_dtype(list(stand_ins))
+        op = expr.get_op("where", "where", (np.dtype(bool), dtype, dtype), (dtype,))
+        found = _WHERE_LOOPS[stand_ins] = (dtype, op)
+    dtype, op = found
+    children = (
+        _child(condition) if type(condition) in _SCALAR_CLASSES else np.bool_(condition),
+        _child(x) if type(x) in _SCALAR_CLASSES else dtype.type(x),
+        _child(y) if type(y) in _SCALAR_CLASSES else dtype.type(y),
     )
-    op = expr.get_op("where", "where", (np.dtype(bool), dtype, dtype), (dtype,))
     device = next(o.device for o in operands if type(o) in _SCALAR_CLASSES)
     return _pending(backend, expr.make_node(op, children), dtype, device)

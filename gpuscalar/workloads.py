@@ -356,7 +356,7 @@ def warmup_cosine(xp: ModuleType, step: Any, *, steps: int, warmup: int, base_lr
     a device step counter, an array for an array of steps (one formula for both)."""
     warm = base_lr * step / warmup
     progress = (step - warmup) / (steps - warmup)
-    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + xp.cos(math.pi * progress))
+    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + gss.cos(math.pi * progress))
     return gss.where(step <= warmup, warm, cosine)
 
 

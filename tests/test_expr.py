@@ -222,6 +222,11 @@ def check_lazy_equals_eager(recipe, like=None) -> None:
         return  # no GPUScalar involved at the root
     assert lazy[0] == eager[0], (recipe, eager, lazy)
     if eager[0] == "raised":
+        if eager[1] is ValueError:
+            # NumPy's one run-time error here (an integer to a negative integer power) is
+            # raised lazily where the expression is evaluated, so a later operation's own
+            # error (a TypeError when it is built) may come first
+            return
         assert lazy[1] is eager[1], (recipe, eager, lazy)
         return
     host = [_host_array(v) for v in (eager[1], lazy[1])]
