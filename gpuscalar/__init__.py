@@ -7,6 +7,8 @@ Importing gpuscalar never imports CuPy.
 from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .expr import lazy
+from .graphs import CapturedStep, capture
+from .linalg import matmul
 from .optim import all_finite, clip_grad_norm
 from .promote import Rule
 from .reduce import (
@@ -72,6 +74,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
+    "CapturedStep",
     "GPUScalar",
     "Rule",
     "SyncCounter",
@@ -87,6 +90,7 @@ __all__ = [
     "all_finite",
     "any",
     "asscalar",
+    "capture",
     "ceil",
     "clip",
     "clip_grad_norm",
@@ -112,6 +116,7 @@ __all__ = [
     "log1p",
     "log2",
     "logsumexp",
+    "matmul",
     "max",
     "maximum",
     "mean",

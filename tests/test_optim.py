@@ -390,7 +390,6 @@ def test_step_reads_every_scalar_on_the_device(xp, rng):
     close(p, expected)
 
 
-@pytest.mark.skipif(not hasattr(gs, "capture"), reason="gs.capture is not part of this build yet")
 def test_step_inside_capture(xp, rng):
     init = rng.standard_normal(6).astype(np.float32)
     p = xp.asarray(init.copy())

@@ -1,0 +1,329 @@
+"""`gs.matmul`: a matrix product that works inside a CUDA graph capture, alpha/beta on the device.
+
+Why this module exists: a training step's matrix products are what stop it from being captured
+in a CUDA graph with CuPy (its cuBLAS calls refuse stream capture; see `gpuscalar.cublas`).
+``gs.matmul(a, b, out=..., alpha=..., beta=...)`` computes ``alpha * (a @ b) + beta * out`` with
+cuBLAS called as capture requires (a handle of its own per device and thread, a fixed workspace,
+the current stream, alpha and beta read from device memory), so it can be recorded and replayed,
+and alpha/beta may be GPUScalars (or pending expressions) without a sync. On NumPy and the strict
+device it is ``np.matmul`` (one counted device op).
+
+Layouts: cuBLAS is column-major; a row-major ``C = A @ B`` is computed as ``Cᵀ = Bᵀ Aᵀ`` on the
+same buffers. An operand may be C-contiguous or a transposed (F-contiguous) view, and its rows may
+be strided (``x[::2]``): the transposition becomes cuBLAS's op flag and the row stride its
+leading dimension, so nothing is copied. 1-D operands use gemv, 3-D (batched, a 2-D operand
+broadcast by a zero stride) use gemmStridedBatched. `plan` works this out from shapes and
+strides alone, so it is tested on the CPU against NumPy.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import cublas, sync
+from .backend import CUPY, Backend, backend_of
+from .scalar import GPUScalar, _array_of, asscalar
+
+__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES"]
+
+#: dtypes cuBLAS multiplies here (S and D routines)
+MATMUL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class BlasCall:
+    """One cuBLAS call for a row-major product, in cuBLAS's (column-major) terms.
+
+    ``routine`` is ``"gemm"``, ``"gemv"`` or ``"gemm_batched"``. For gemm: ``C(m x n) =
+    op(X) op(Y)`` where X is the buffer of operand ``x_is`` ("a" or "b"); for gemv: ``y(m') =
+    op(X) x`` with X ``rows x cols``. Strides and leading dimensions are in elements.
+    """
+
+    routine: str
+    x_is: str
+    transx: int = cublas.OP_N
+    transy: int = cublas.OP_N
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    ldx: int = 0
+    ldy: int = 0
+    ldc: int = 0
+    incx: int = 1
+    incy: int = 1
+    stridex: int = 0
+    stridey: int = 0
+    stridec: int = 0
+    batch: int = 1
+
+
+def _matrix(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+            what: str) -> tuple[int, int]:
+    """A row-major matrix's buffer as cuBLAS sees it: (op that gives back the matrix, ld)."""
+    rows, cols = shape
+    row_stride, col_stride = (s // itemsize for s in strides)
+    if any(s % itemsize for s in strides):
+        raise ValueError(f"{what} has strides {strides} that are not whole elements")
+    if col_stride == 1 or cols == 1:
+        # row-major rows: as a column-major buffer this is the transpose, of leading dim ld
+        ld = row_stride if rows > 1 else cols
+        if ld >= max(cols, 1):
+            return cublas.OP_T, max(ld, 1)
+    if row_stride == 1 or rows == 1:
+        ld = col_stride if cols > 1 else rows
+        if ld >= max(rows, 1):
+            return cublas.OP_N, max(ld, 1)
+    raise ValueError(
+        f"{what} of shape {shape} has strides {strides}: gs.matmul needs rows or columns that "
+        "are contiguous (a C-contiguous array, a transposed view, or strided rows); pass a "
+        "contiguous copy (xp.ascontiguousarray)"
+    )
+
+
+def _step(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """A vector's element step for cuBLAS (any positive step; 1 for a vector of one element)."""
+    return strides[0] // itemsize if shape[0] > 1 else 1
+
+
+def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
+         b_strides: tuple[int, ...], itemsize: int) -> tuple[BlasCall, tuple[int, ...]]:
+    """The cuBLAS call computing ``a @ b`` into a new C-contiguous output, and its shape.
+
+    Raises ``ValueError`` naming the shapes for operands that cannot be multiplied, and for
+    layouts cuBLAS cannot read without a copy.
+    """
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ValueError("gs.matmul operands must be at least 1-D (use * for a scalar)")
+    if max(len(a_shape), len(b_shape)) > 3:
+        raise ValueError(f"gs.matmul takes 1-D, 2-D and 3-D operands, got shapes {a_shape} "
+                         f"and {b_shape}")
+    inner_a = a_shape[-1]
+    inner_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
+    if inner_a != inner_b:
+        raise ValueError(f"gs.matmul: shapes {a_shape} and {b_shape} do not align "
+                         f"({inner_a} != {inner_b})")
+    k = inner_a
+    for shape, strides, what in ((a_shape, a_strides, "a"), (b_shape, b_strides, "b")):
+        if len(shape) == 1 and strides[0] <= 0 and shape[0] > 1:
+            raise ValueError(f"gs.matmul: {what} has stride {strides[0]}; reversed or "
+                             "broadcast vectors need a contiguous copy")
+    if (len(a_shape) == 1 or len(b_shape) == 1) and max(len(a_shape), len(b_shape)) == 3:
+        raise ValueError(f"gs.matmul: a 1-D operand with a batch ({a_shape} @ {b_shape}) is not "
+                         "supported; reshape the vector to a matrix")
+    if len(a_shape) == 1 and len(b_shape) == 1:  # a dot product, as a 1 x k matrix times b
+        return (BlasCall("gemv", "a", transx=cublas.OP_N, m=1, n=k,
+                         ldx=_step(a_shape, a_strides, itemsize),
+                         incx=_step(b_shape, b_strides, itemsize), incy=1), ())
+    if len(b_shape) == 1:  # y(m) = A(m x k) x
+        op, ld = _matrix(a_shape, a_strides, itemsize, "a")
+        rows, cols = (k, a_shape[0]) if op == cublas.OP_T else (a_shape[0], k)
+        return (BlasCall("gemv", "a", transx=op, m=rows, n=cols, ldx=ld,
+                         incx=_step(b_shape, b_strides, itemsize), incy=1), (a_shape[0],))
+    if len(a_shape) == 1:  # y(n) = x(k) B(k x n) = Bᵀ x
+        op, ld = _matrix(b_shape, b_strides, itemsize, "b")
+        flipped = cublas.OP_N if op == cublas.OP_T else cublas.OP_T
+        rows, cols = (b_shape[1], k) if flipped == cublas.OP_N else (k, b_shape[1])
+        return (BlasCall("gemv", "b", transx=flipped, m=rows, n=cols, ldx=ld,
+                         incx=_step(a_shape, a_strides, itemsize), incy=1), (b_shape[1],))
+    batch_a = a_shape[0] if len(a_shape) == 3 else 1
+    batch_b = b_shape[0] if len(b_shape) == 3 else 1
+    if batch_a != batch_b and 1 not in (batch_a, batch_b):
+        raise ValueError(f"gs.matmul: batch sizes of {a_shape} and {b_shape} do not match")
+    m, n = a_shape[-2], b_shape[-1]
+    # Cᵀ (n x m, column-major) = Bᵀ (n x k) Aᵀ (k x m): X is b's buffer, Y is a's
+    opx, ldx = _matrix(b_shape[-2:], b_strides[-2:], itemsize, "b")
+    opy, ldy = _matrix(a_shape[-2:], a_strides[-2:], itemsize, "a")
+    # _matrix gives the op recovering the row-major matrix; we need its transpose
+    transx = cublas.OP_N if opx == cublas.OP_T else cublas.OP_T
+    transy = cublas.OP_N if opy == cublas.OP_T else cublas.OP_T
+    call = BlasCall("gemm", "b", transx=transx, transy=transy, m=n, n=m, k=k, ldx=ldx,
+                    ldy=ldy, ldc=n)
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return call, (m, n)
+    batch = max(batch_a, batch_b)
+    stride_b = b_strides[0] // itemsize if len(b_shape) == 3 and batch_b > 1 else 0
+    stride_a = a_strides[0] // itemsize if len(a_shape) == 3 and batch_a > 1 else 0
+    return (BlasCall("gemm_batched", "b", transx=transx, transy=transy, m=n, n=m, k=k,
+                     ldx=ldx, ldy=ldy, ldc=n, stridex=stride_b, stridey=stride_a,
+                     stridec=m * n, batch=batch), (batch, m, n))
+
+
+# ---- the public function ----------------------------------------------------------------------
+
+
+def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = None) -> Any:
+    """``alpha * (a @ b) + beta * out`` (``a @ b`` by default), without a sync.
+
+    float32/float64 arrays of one backend and device, 1-D to 3-D (NumPy's matmul rules; a 2-D
+    operand broadcasts over a batch). ``out``: a C-contiguous array of the result's shape and
+    dtype, written in place and returned. ``alpha``/``beta``: Python numbers or GPUScalars (read
+    on the device; ``beta`` needs ``out``). On CuPy this is one cuBLAS call that also works
+    inside `gs.capture`; on NumPy and the strict device, ``np.matmul`` (one device op).
+    """
+    backend = _check_operands(a, b)
+    dtype = a.dtype
+    call, shape = plan(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
+    if beta is not None and out is None:
+        raise ValueError("gs.matmul: beta scales out, so it needs out=")
+    if out is not None:
+        _check_out(out, backend, a, shape, dtype)
+    device = backend.device_of(a)
+    alpha_scalar = _coefficient(alpha, 1.0, "alpha", backend, device, dtype, a)
+    beta_scalar = _coefficient(beta, 0.0, "beta", backend, device, dtype, a)
+    if backend.evaluates_on_host:
+        return backend.call(_matmul_on_host, backend, a, b, out, alpha_scalar, beta_scalar)
+    if backend is not CUPY:
+        raise TypeError(f"gs.matmul does not support the {backend.name} backend")
+    if out is None:
+        with backend.device_context(device):
+            out = backend.xp.empty(shape, dtype=dtype)
+    _launch(backend, call, a, b, out, alpha_scalar, beta_scalar)
+    return out
+
+
+def _check_operands(a: Any, b: Any) -> Backend:
+    backend = backend_of(a)
+    for value, what in ((a, "a"), (b, "b")):
+        found = backend_of(value)
+        if found is None:
+            raise TypeError(f"gs.matmul: {what} must be a NumPy, strict or CuPy array, got "
+                            f"{type(value).__name__}")
+        if found is not backend:
+            raise TypeError(f"gs.matmul: a is a {backend.name} array but b is {found.name}")
+        if value.dtype not in MATMUL_DTYPES:
+            raise TypeError(f"gs.matmul: {what} must be float32 or float64, got {value.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"gs.matmul: a is {a.dtype} but b is {b.dtype}; cast one explicitly")
+    if backend.multi_device and backend.device_of(a) != backend.device_of(b):
+        raise ValueError(f"gs.matmul: a is on device {backend.device_of(a)!r} but b on "
+                         f"{backend.device_of(b)!r}")
+    return backend
+
+
+def _check_out(out: Any, backend: Backend, a: Any, shape: tuple[int, ...],
+               dtype: np.dtype) -> None:
+    if backend_of(out) is not backend:
+        raise TypeError(f"gs.matmul: out must be a {backend.name} array, got "
+                        f"{type(out).__name__}")
+    if tuple(out.shape) != shape or out.dtype != dtype:
+        raise ValueError(f"gs.matmul: out has shape {tuple(out.shape)} and dtype {out.dtype}; "
+                         f"the product has shape {shape} and dtype {dtype}")
+    if not out.flags.c_contiguous:
+        raise ValueError("gs.matmul: out must be C-contiguous")
+    if backend.multi_device and backend.device_of(out) != backend.device_of(a):
+        raise ValueError(f"gs.matmul: out is on device {backend.device_of(out)!r} but a on "
+                         f"{backend.device_of(a)!r}")
+
+
+def _coefficient(value: Any, default: float, what: str, backend: Backend, device: object,
+                 dtype: np.dtype, like: Any) -> Any:
+    """alpha or beta as what the backend reads: a number on the host, a 0-d device array of
+    the product's dtype on CuPy (cuBLAS reads it through a device pointer)."""
+    if value is None:
+        value = default
+    if isinstance(value, GPUScalar):
+        if value.backend is not backend:
+            raise TypeError(f"gs.matmul: {what} is a {value.backend.name} GPUScalar but the "
+                            f"arrays are {backend.name}")
+        if backend.multi_device and value.device != device:
+            raise ValueError(f"gs.matmul: {what} is on device {value.device!r} but the arrays "
+                             f"on {device!r}")
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"gs.matmul: {what} must be real, got a GPUScalar of {value.dtype}")
+        return _array_of(asscalar(value, dtype=dtype)) if backend is CUPY else value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"gs.matmul: {what} must be a real number or GPUScalar, got "
+                        f"{type(value).__name__}")
+    if backend is not CUPY:
+        return value
+    return _device_constant(backend, device, dtype, float(value))
+
+
+_constants_lock = threading.Lock()
+#: (device, dtype, value) -> a 0-d device array: a Python alpha/beta, uploaded once and kept
+_CONSTANTS: dict[tuple[Any, np.dtype, float], Any] = {}
+
+
+def _device_constant(backend: Backend, device: object, dtype: np.dtype, value: float) -> Any:
+    """A 0-d device array holding ``value``, made once from the default memory pool (never
+    from a captured step's private pool: it must outlive any capture). In a captured step a
+    Python number is baked into the graph, as every Python number is."""
+    key = (device, dtype, value)
+    with _constants_lock:
+        found = _CONSTANTS.get(key)
+        if found is None:
+            xp = backend.xp
+            with backend.device_context(device), xp.cuda.using_allocator(
+                xp.get_default_memory_pool().malloc
+            ):
+                found = _CONSTANTS[key] = backend.call(xp.full, (), value, dtype=dtype)
+        return found
+
+
+def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
+    data = backend.host_data
+    product = np.matmul(data(a), data(b))
+    alpha_value = data(_array_of(alpha)) if isinstance(alpha, GPUScalar) else alpha
+    beta_value = data(_array_of(beta)) if isinstance(beta, GPUScalar) else beta
+    dtype = product.dtype
+    if not (isinstance(alpha_value, (int, float)) and alpha_value == 1):
+        product = np.multiply(np.asarray(alpha_value).astype(dtype), product)
+    if out is None:
+        return backend.from_host_data(product, a)
+    target = data(out)
+    if isinstance(beta_value, (int, float)) and beta_value == 0:
+        target[...] = product
+    else:
+        target[...] = np.asarray(beta_value).astype(dtype) * target + product
+    return out
+
+
+# ---- CuPy: the cuBLAS call --------------------------------------------------------------------
+
+_handles = threading.local()
+
+
+def _handle(backend: Backend, device: object) -> cublas.Handle:
+    """This thread's cuBLAS handle for ``device`` (its workspace from the default pool)."""
+    handles = getattr(_handles, "by_device", None)
+    if handles is None:
+        handles = _handles.by_device = {}
+    handle = handles.get(device)
+    if handle is None:
+        xp = backend.xp
+        with backend.device_context(device), xp.cuda.using_allocator(
+            xp.get_default_memory_pool().malloc
+        ):
+            handle = handles[device] = cublas.Handle(lambda n: xp.empty(n, dtype=np.uint8))
+    return handle
+
+
+def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: Any,
+            beta: Any) -> None:
+    xp = backend.xp
+    device = backend.device_of(a)
+    with backend.device_context(device):
+        stream = xp.cuda.get_current_stream().ptr
+        handle = _handle(backend, device).prepare(stream)
+        letter = "S" if a.dtype == np.float32 else "D"
+        x, y = (b, a) if call.x_is == "b" else (a, b)
+        pointers = (alpha.data.ptr, beta.data.ptr)
+        sync.note_device_op()  # one cuBLAS launch
+        if call.routine == "gemm":
+            cublas.call(f"cublas{letter}gemm_v2", handle, call.transx, call.transy, call.m,
+                        call.n, call.k, pointers[0], x.data.ptr, call.ldx, y.data.ptr,
+                        call.ldy, pointers[1], out.data.ptr, call.ldc)
+        elif call.routine == "gemm_batched":
+            cublas.call(f"cublas{letter}gemmStridedBatched", handle, call.transx, call.transy,
+                        call.m, call.n, call.k, pointers[0], x.data.ptr, call.ldx, call.stridex,
+                        y.data.ptr, call.ldy, call.stridey, pointers[1], out.data.ptr,
+                        call.ldc, call.stridec, call.batch)
+        else:
+            vector = b if call.x_is == "a" else a
+            cublas.call(f"cublas{letter}gemv_v2", handle, call.transx, call.m, call.n,
+                        pointers[0], x.data.ptr, call.ldx, vector.data.ptr, call.incx,
+                        pointers[1], out.data.ptr, call.incy)

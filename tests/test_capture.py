@@ -1,0 +1,246 @@
+"""gs.capture: the API, the guard during warm-up and capture, replay equals eager, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from gpuscalar import graphs, optim, strict, sync
+
+from .helpers import backend_name, host
+
+
+def _regression(xp, rng, n=64, d=8):
+    x = xp.asarray(rng.standard_normal((n, d)))
+    y = xp.asarray(rng.standard_normal(n))
+    return x, y
+
+
+def _train_step(x, y, w, total, lr=0.1):
+    """One sync-free least-squares step: the loss accumulates in a 0-d device array."""
+    err = gs.matmul(x, w) - y
+    total += gs.mean(err * err)
+    w -= (2.0 * lr / x.shape[0]) * gs.matmul(x.T, err)
+
+
+def test_replay_equals_eager_over_many_calls(xp, rng):
+    x, y = _regression(xp, rng)
+    w_eager, total_eager = xp.zeros(x.shape[1]), xp.zeros(())
+    w, total = xp.zeros(x.shape[1]), xp.zeros(())
+    step = gs.capture(_train_step, x, y, w, total, warmup=2, steps=3)
+    for _ in range(2):  # the warm-up ran the step twice, as eager code would
+        _train_step(x, y, w_eager, total_eager)
+    for _ in range(20):
+        step()
+        for _ in range(3):
+            _train_step(x, y, w_eager, total_eager)
+    assert host(w).tobytes() == host(w_eager).tobytes()
+    assert host(total).item() == host(total_eager).item()
+
+
+def test_a_replay_is_one_device_op_and_no_sync(xp, rng):
+    x, y = _regression(xp, rng)
+    w, total = xp.zeros(x.shape[1]), xp.zeros(())
+    step = gs.capture(_train_step, x, y, w, total, warmup=1, steps=10)
+    with gs.count_syncs() as counter:
+        step()
+        step()
+    assert counter.device_ops == 2 and counter.count == 0
+
+
+def test_recording_executes_nothing_warmup_runs_fn(xp):
+    calls = []
+
+    def fn(a):
+        calls.append(1)
+        a += 1.0
+
+    a = xp.zeros(3)
+    step = gs.capture(fn, a, warmup=3, steps=2)
+    # fn ran warmup times; on a GPU it also ran (in Python) steps times while being recorded,
+    # but the device executed only the warm-up
+    assert host(a).tolist() == [3.0, 3.0, 3.0]
+    step()
+    assert host(a).tolist() == [5.0, 5.0, 5.0]
+    if backend_name(xp) != "cupy":
+        assert len(calls) == 3 + 2
+
+
+def test_outputs_are_the_same_buffers_and_fresh_scalars(xp):
+    a = xp.zeros(2)
+
+    def fn(a):
+        a += 1.0
+        return a, gs.sum(a) * 2
+
+    step = gs.capture(fn, a, warmup=0)
+    first_array, first_scalar = step()
+    value = float(first_scalar)  # read (and cached) after the first replay
+    second_array, second_scalar = step()
+    assert float(second_scalar) == value + 4.0  # a new value, not the cached one
+    if backend_name(xp) == "cupy":
+        assert second_array is first_array  # the graph's static buffer
+    assert host(second_array).tolist() == [2.0, 2.0]
+
+
+def test_decorator_forms(xp):
+    a = xp.zeros(1)
+
+    @gs.capture
+    def plain():
+        a[...] += 1.0
+
+    @gs.capture(warmup=0, steps=4)
+    def configured():
+        a[...] += 10.0
+
+    assert isinstance(plain, gs.CapturedStep) and isinstance(configured, gs.CapturedStep)
+    assert (plain.warmup, plain.steps, configured.warmup, configured.steps) == (2, 1, 0, 4)
+    plain()
+    configured()
+    assert host(a).tolist() == [2.0 + 1.0 + 40.0]
+
+
+@pytest.mark.parametrize("read", [float, bool, lambda s: f"{s:.2f}", lambda s: s.item()])
+def test_a_gpuscalar_read_in_the_step_raises_from_capture_naming_the_line(xp, read):
+    a = xp.ones(3)
+
+    def leaky(a):
+        loss = gs.sum(a)
+        read(loss)  # the sync
+
+    with pytest.raises(gs.SyncError, match=r"at .*test_capture.py:\d+ in (leaky|<lambda>)\(\)"):
+        gs.capture(leaky, a, warmup=1)
+    _program_still_usable(xp)
+
+
+def test_a_device_read_in_the_step_raises_on_the_strict_device():
+    a = strict.xp.ones(3)
+
+    def leaky(a):
+        if float(a.sum()) > 0:  # the array library's own read: CuPy's would raise the same way
+            a *= 2
+
+    with pytest.raises(gs.SyncError, match=r"\(cupy\) at .*test_capture.py"):
+        gs.capture(leaky, a, warmup=1)
+    assert host(a).tolist() == [1.0, 1.0, 1.0]  # the read raised before anything changed
+    _program_still_usable(strict.xp)
+
+
+def test_other_errors_propagate_and_leave_no_guard_behind(xp):
+    def broken(a):
+        raise KeyError("user bug")
+
+    with pytest.raises(KeyError, match="user bug"):
+        gs.capture(broken, xp.zeros(1), warmup=1)
+    assert not graphs._capturing.get(False)
+    _program_still_usable(xp)
+
+
+def _program_still_usable(xp):
+    """After a failed capture: no guard or counter left, reads work, a new capture works."""
+    assert sync._guard_mode.get() == "allow" and sync._active_counters.get() == ()
+    assert float(gs.sum(xp.ones(2))) == 2.0
+    b = xp.zeros(1)
+    gs.capture(lambda: b.__iadd__(1.0), warmup=1)()
+    assert host(b).tolist() == [2.0]
+
+
+def test_captures_cannot_nest(xp):
+    inner_errors = []
+
+    def outer(a):
+        try:
+            gs.capture(lambda: None, warmup=1)
+        except RuntimeError as error:
+            inner_errors.append(str(error))
+        a += 1
+
+    gs.capture(outer, xp.zeros(1), warmup=1)
+    assert inner_errors and "cannot nest" in inner_errors[0]
+
+
+def test_a_pending_scalar_argument_and_the_optimizer_step_are_captured(xp, rng):
+    """An optimizer step with a learning-rate schedule on its live step counter: the schedule
+    is recomputed on the device at every replay (a Python number would be frozen)."""
+    p = xp.asarray(rng.standard_normal(5))
+    g = xp.asarray(rng.standard_normal(5))
+    opt = optim.SGD([p], lr=0.0)
+
+    def train():
+        opt.lr = 0.5 * gs.minimum(1.0, (opt.step_count + 1) / 4)  # a device schedule
+        opt.step([g])
+
+    before = host(p).copy()
+    step = gs.capture(train, warmup=1)
+    for _ in range(5):
+        step()
+    assert int(opt.step_count) == 6
+    rates = [0.5 * min(1.0, t / 4) for t in range(1, 7)]
+    np.testing.assert_allclose(host(p), before - sum(rates) * host(g), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [({"fn": 3}, TypeError, "callable"), ({"steps": 0}, ValueError, "steps must be >= 1"),
+     ({"steps": 1.5}, TypeError, "steps must be an int"),
+     ({"warmup": -1}, ValueError, "warmup must be >= 0"),
+     ({"args": ("text",)}, TypeError, "argument 0 is a str"),
+     ({"args": ([1.0],)}, TypeError, "argument 0 is a list")],
+)
+def test_bad_input(kwargs, error, match):
+    fn = kwargs.pop("fn", lambda *args: None)
+    args = kwargs.pop("args", ())
+    with pytest.raises(error, match=match):
+        gs.capture(fn, *args, **kwargs)
+
+
+def test_arguments_from_different_backends_or_devices_are_refused():
+    with pytest.raises(TypeError, match="argument 1 is a strict value but an earlier one is "
+                                        "numpy"):
+        gs.capture(lambda a, b: None, np.zeros(1), strict.xp.zeros(1))
+    with pytest.raises(ValueError, match="argument 1 is on device 1"):
+        gs.capture(lambda a, b: None, strict.xp.zeros(1), strict.xp.zeros(1, device=1))
+
+
+def test_decorator_form_takes_keywords_only():
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        gs.capture(None, 3)
+
+
+def test_release(xp):
+    a = xp.zeros(1)
+    step = gs.capture(lambda: a.__iadd__(1.0), warmup=0)
+    step.release()
+    assert step.released and "released" in repr(step)
+    with pytest.raises(RuntimeError, match="released"):
+        step()
+
+
+def test_frozen_python_numbers_are_baked_at_capture(xp):
+    """On a GPU the Python number is baked into the graph; the README's rule. On the CPU the
+    step is re-run, so the test pins what the documented fix gives on every backend."""
+    lr = gs.asscalar(1.0, like=xp.zeros(1))
+    buffer = xp.zeros(1)
+    lr_store = xp.full((), 1.0)  # a device value updated in place: seen by every replay
+
+    def fn():
+        buffer[...] += lr_store
+
+    step = gs.capture(fn, warmup=0)
+    step()
+    lr_store[...] = 3.0
+    step()
+    assert host(buffer).tolist() == [4.0] and float(lr) == 1.0
+
+
+def test_cupys_own_matmul_in_a_capture_points_at_gs_matmul():
+    if not gs.gpu_available():
+        pytest.skip("CuPy needs a CUDA device, and this machine has none")
+    import cupy
+
+    x, w = cupy.ones((4, 3)), cupy.ones(3)
+    with pytest.raises(NotImplementedError, match=r"gs\.matmul"):
+        gs.capture(lambda: x @ w, warmup=0)
+    _program_still_usable(cupy)

@@ -1,0 +1,192 @@
+"""gs.matmul: the cuBLAS call plan (checked on the CPU against NumPy by emulating cuBLAS's
+column-major semantics), the NumPy/strict path, alpha/beta, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import gpuscalar as gs
+from gpuscalar import cublas, linalg, strict
+
+from .helpers import host
+
+# ---- an independent reading of what cuBLAS computes for a plan ----------------------------------
+
+
+def _column_major(array, rows, cols, ld):
+    """The buffer starting at ``array``'s first element read as a column-major rows x cols
+    matrix of leading dimension ld (cuBLAS's view of memory)."""
+    size = array.itemsize
+    return as_strided(array, shape=(rows, cols), strides=(size, ld * size), writeable=False)
+
+
+def _op(matrix, trans):
+    return matrix.T if trans == cublas.OP_T else matrix
+
+
+def emulate(call, a, b):
+    """``a @ b`` computed the way cuBLAS would execute ``call`` on a's and b's buffers."""
+    x, y = (b, a) if call.x_is == "b" else (a, b)
+    if call.routine == "gemv":
+        matrix = _column_major(x, call.m, call.n, call.ldx)
+        length = call.n if call.transx == cublas.OP_N else call.m
+        vector = as_strided(y, shape=(length,), strides=(call.incx * y.itemsize,))
+        return _op(matrix, call.transx) @ vector
+    shape_x = (call.m, call.k) if call.transx == cublas.OP_N else (call.k, call.m)
+    shape_y = (call.k, call.n) if call.transy == cublas.OP_N else (call.n, call.k)
+    if call.routine == "gemm":
+        c = _op(_column_major(x, *shape_x, call.ldx), call.transx) @ _op(
+            _column_major(y, *shape_y, call.ldy), call.transy)
+        return c.T  # column-major C (n x m) is the row-major m x n result
+    results = []
+    for i in range(call.batch):  # each batch's matrices start stride * i elements further on
+        xs = as_strided(x, shape=(call.batch,), strides=(call.stridex * x.itemsize,))[i:]
+        ys = as_strided(y, shape=(call.batch,), strides=(call.stridey * y.itemsize,))[i:]
+        c = _op(_column_major(xs, *shape_x, call.ldx), call.transx) @ _op(
+            _column_major(ys, *shape_y, call.ldy), call.transy)
+        results.append(c.T)
+    return np.stack(results)
+
+
+def _layouts(rng, shape):
+    """The same matrix as a C-contiguous array, a transposed view, and a strided-row view."""
+    base = rng.standard_normal(shape)
+    yield base
+    yield np.ascontiguousarray(base.T).T  # F-contiguous: a transposed view
+    if len(shape) == 2:
+        padded = np.zeros((shape[0], shape[1] + 3))
+        padded[:, : shape[1]] = base
+        yield padded[:, : shape[1]]  # rows strided by more than their length
+        tall = np.zeros((2 * shape[0], shape[1]))
+        tall[::2] = base
+        yield tall[::2]  # every other row
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(3, 4, 5), (1, 4, 5), (3, 1, 5), (3, 4, 1), (1, 1, 1),
+                                           (6, 2, 6)])
+def test_gemm_plans_compute_the_product_for_every_layout(m, k, n, rng):
+    for a, b in itertools.product(_layouts(rng, (m, k)), _layouts(rng, (k, n))):
+        call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+        assert shape == (m, n) and call.routine == "gemm"
+        np.testing.assert_allclose(emulate(call, a, b), a @ b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("m", "k"), [(3, 4), (1, 4), (3, 1)])
+def test_gemv_plans_for_matrix_vector_and_vector_matrix(m, k, rng):
+    for a in _layouts(rng, (m, k)):
+        for x in (rng.standard_normal(k), rng.standard_normal(2 * k)[::2]):
+            call, shape = linalg.plan(a.shape, a.strides, x.shape, x.strides, a.itemsize)
+            assert shape == (m,)
+            np.testing.assert_allclose(emulate(call, a, x), a @ x, rtol=1e-12)
+        for x in (rng.standard_normal(m), rng.standard_normal(3 * m)[::3]):
+            call, shape = linalg.plan(x.shape, x.strides, a.shape, a.strides, a.itemsize)
+            assert shape == (k,)
+            np.testing.assert_allclose(emulate(call, x, a), x @ a, rtol=1e-12)
+
+
+def test_dot_of_two_vectors_is_a_zero_d_result(rng):
+    a, b = rng.standard_normal(7), rng.standard_normal(14)[::2]
+    call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+    assert shape == ()
+    np.testing.assert_allclose(emulate(call, a, b), [a @ b], rtol=1e-12)
+
+
+def test_batched_plans_with_a_broadcast_operand(rng):
+    a3, b3 = rng.standard_normal((4, 3, 5)), rng.standard_normal((4, 5, 2))
+    b2 = rng.standard_normal((5, 2))
+    for a, b in ((a3, b3), (a3, b2), (rng.standard_normal((3, 5)), b3)):
+        call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+        assert call.routine == "gemm_batched" and shape == np.matmul(a, b).shape
+        assert (call.stridex == 0) == (b.ndim == 2) and (call.stridey == 0) == (a.ndim == 2)
+        np.testing.assert_allclose(emulate(call, a, b), np.matmul(a, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "match"),
+    [((3, 4), (5, 2), r"\(3, 4\) and \(5, 2\) do not align"), ((), (3,), "at least 1-D"),
+     ((2, 2, 2, 2), (2, 2), "1-D, 2-D and 3-D"), ((2, 3, 4), (4,), "1-D operand with a batch"),
+     ((2, 3, 4), (3, 4, 2), "batch sizes")],
+)
+def test_plan_rejects_shapes_that_cannot_multiply(a_shape, b_shape, match):
+    a, b = np.zeros(a_shape), np.zeros(b_shape)
+    with pytest.raises(ValueError, match=match):
+        linalg.plan(a.shape, a.strides, b.shape, b.strides, 8)
+
+
+def test_plan_rejects_layouts_cublas_cannot_read_without_a_copy():
+    a = np.zeros((6, 8))[::2, ::2]  # neither rows nor columns contiguous
+    with pytest.raises(ValueError, match="contiguous copy"):
+        linalg.plan(a.shape, a.strides, (4, 2), (16, 8), 8)
+    reversed_vector = np.zeros(4)[::-1]
+    with pytest.raises(ValueError, match="reversed or broadcast"):
+        linalg.plan((3, 4), (32, 8), reversed_vector.shape, reversed_vector.strides, 8)
+
+
+# ---- the function on NumPy and the strict device ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_equals_numpy_and_is_one_device_op(xp, rng, dtype):
+    a = rng.standard_normal((5, 3)).astype(dtype)
+    b = rng.standard_normal((3, 4)).astype(dtype)
+    da, db = xp.asarray(a), xp.asarray(b)
+    with gs.count_syncs() as counter:
+        c = gs.matmul(da, db)
+        t = gs.matmul(da.T, da)  # a transposed view, no copy
+    assert counter.count == 0 and counter.device_ops == 2
+    assert c.dtype == dtype and t.shape == (3, 3)
+    np.testing.assert_allclose(host(c), a @ b, rtol=1e-5)
+    np.testing.assert_allclose(host(t), a.T @ a, rtol=1e-5)
+
+
+def test_alpha_and_beta_scale_the_product_and_out(xp, rng):
+    a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 2))
+    start = rng.standard_normal((4, 2))
+    out = xp.asarray(start.copy())
+    alpha = gs.asscalar(2.0, like=out) * 1.5  # a pending expression: no launch of its own
+    with gs.count_syncs() as counter:
+        result = gs.matmul(xp.asarray(a), xp.asarray(b), out=out, alpha=alpha, beta=0.5)
+    assert result is out and counter.count == 0
+    np.testing.assert_allclose(host(out), 3.0 * (a @ b) + 0.5 * start, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "match"),
+    [("list", TypeError, "a must be a NumPy, strict or CuPy array, got list"),
+     ("int", TypeError, "float32 or float64, got int64"),
+     ("mixed", TypeError, "a is float32 but b is float64"),
+     ("backends", TypeError, "a is a numpy array but b is strict"),
+     ("devices", ValueError, "a is on device 0 but b on 1"),
+     ("beta", ValueError, "beta scales out"),
+     ("out_shape", ValueError, r"out has shape \(2, 2\)"),
+     ("out_layout", ValueError, "out must be C-contiguous"),
+     ("alpha", TypeError, "alpha must be a real number or GPUScalar, got str")],
+)
+def test_bad_input_names_what_is_wrong(case, error, match):
+    a, b = np.ones((2, 3)), np.ones((3, 2))
+    kwargs = {}
+    if case == "list":
+        a = [[1.0]]
+    elif case == "int":
+        a = np.ones((2, 3), dtype=np.int64)
+    elif case == "mixed":
+        a = a.astype(np.float32)
+    elif case == "backends":
+        b = strict.xp.ones((3, 2))
+    elif case == "devices":
+        a, b = strict.xp.ones((2, 3)), strict.xp.ones((3, 2), device=1)
+    elif case == "beta":
+        kwargs = {"beta": 1.0}
+    elif case == "out_shape":
+        kwargs = {"out": np.zeros((2, 2)), "alpha": 1.0}
+        a, b = np.ones((2, 3)), np.ones((3, 3))
+    elif case == "out_layout":
+        kwargs = {"out": np.zeros((2, 2), order="F")}
+    elif case == "alpha":
+        kwargs = {"alpha": "2"}
+    with pytest.raises(error, match=match):
+        gs.matmul(a, b, **kwargs)
