@@ -102,7 +102,7 @@ MULTI_TENSOR_BLOCK = 256
 MULTI_TENSOR_ILP = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: a kernel-cache key hashed on every step
 class Program:
     """One fused elementwise update, described once for NumPy and CUDA.
 
@@ -615,7 +615,9 @@ def _hyper(
                 "kernels read float32/float64/int32/int64/uint32/uint64 scalars)"
             )
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is not float and type(value) is not int and (
+        isinstance(value, bool) or not isinstance(value, numbers.Real)
+    ):  # (the exact types first: this runs for every hyperparameter of every step)
         raise TypeError(f"{name} must be a real number or GPUScalar, got {type(value).__name__}")
     number = float(value)
     if math.isnan(number) or (low is not None and number < low):

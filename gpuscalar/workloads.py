@@ -3,12 +3,16 @@
 Why this module exists: a claim like "gpuscalar removes syncs" is only worth something on code
 that users really write. Each workload here is a small, complete loop (training with loss
 logging, gradient clipping + Adam, a broadcasted AD backward, a convergence loop, a learning-rate
-schedule) in two versions that compute the same answer:
+schedule, a training loop with the loss accumulated every step) in three versions that compute
+the same answer:
 
 - the *float path* reads device values into Python the usual way (``float(x.sum())``,
   ``int(step)``, Python ``if``/``min`` on device values), one sync each on a GPU;
 - the *gpuscalar path* keeps those values on the device as `GPUScalar`s and reads only what the
-  host really needs (``host_values_needed``, stated per workload with the reason).
+  host really needs (``host_values_needed``, stated per workload with the reason);
+- the *capture path* is the gpuscalar path with its steps recorded as CUDA graphs
+  (`gpuscalar.capture`) and replayed, a chunk of steps per launch, between the host's reads;
+  its state lives in buffers updated in place, as a graph needs.
 
 They live in the package, not in the repository's ``bench/`` folder, because both the
 ``gpuscalar bench`` command of an installed package and the pytest-benchmark suite in ``bench/``
@@ -30,12 +34,14 @@ import numpy as np
 
 from . import reduce as gsr
 from . import scalar as gss
-from .optim import clip_grad_norm, sgd_step
+from .graphs import CapturedStep, capture
+from .linalg import matmul
+from .optim import Adam, clip_grad_norm, sgd_step
 
 __all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload", "warmup_cosine"]
 
-#: The two versions of every workload, in table order.
-PATHS: tuple[str, str] = ("float", "gpuscalar")
+#: The versions of every workload, in table order.
+PATHS: tuple[str, ...] = ("float", "gpuscalar", "capture")
 #: Size presets: "quick" for tests and ``gpuscalar bench --quick``, "default" for the real run.
 SIZES: tuple[str, str] = ("quick", "default")
 
@@ -53,6 +59,7 @@ class Workload:
     make_inputs: Callable[[ModuleType, Params], Inputs]
     float_path: Callable[..., Answer]
     gpuscalar_path: Callable[..., Answer]
+    capture_path: Callable[..., Answer]
     #: params -> the number of values this workload really needs on the host
     host_values_needed: Callable[[Params], int]
     #: why the host needs exactly those values (shown in the JSON and the README)
@@ -72,12 +79,10 @@ class Workload:
         return params
 
     def path(self, path: str) -> Callable[..., Answer]:
-        """The function of one version: ``"float"`` or ``"gpuscalar"``."""
-        if path == "float":
-            return self.float_path
-        if path == "gpuscalar":
-            return self.gpuscalar_path
-        raise ValueError(f"unknown workload path {path!r}; expected one of {PATHS}")
+        """The function of one version: ``"float"``, ``"gpuscalar"`` or ``"capture"``."""
+        if path not in PATHS:
+            raise ValueError(f"unknown workload path {path!r}; expected one of {PATHS}")
+        return getattr(self, f"{path}_path")
 
     def run(
         self, path: str, xp: ModuleType, params: Params, inputs: Inputs | None = None
@@ -98,6 +103,22 @@ def _positive_ints(params: Params, *names: str) -> None:
 
 def _rng(params: Params) -> np.random.Generator:
     return np.random.default_rng(params.get("seed", 0))
+
+
+def _captured(step: Callable[[], Any], state: list[Any], steps: int = 1) -> CapturedStep:
+    """``gs.capture(step, warmup=1, steps=steps)`` with its warm-up run undone: the ``state``
+    arrays the step updates in place are restored from copies taken before (device copies, no
+    sync), so the capture path computes exactly the steps the other paths compute."""
+    saved = [array.copy() for array in state]
+    captured = capture(step, warmup=1, steps=steps)
+    for array, value in zip(state, saved, strict=True):
+        array[...] = value
+    return captured
+
+
+def _chunks(total: int, size: int) -> tuple[int, int]:
+    """(full chunks of ``size`` steps, steps left over) for ``total`` steps."""
+    return total // size, total % size
 
 
 # ---- (a) training loop with per-step loss logging -----------------------------------------
@@ -142,6 +163,35 @@ def train_logging_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, s
             logged.append(float(running) / log_every)  # the one sync (and launch) of a window
             running = 0.0
         sgd_step(w, X.T @ err, lr=2.0 * lr / n)
+    return {"w": w, "logged": logged}
+
+
+def train_logging_capture(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+                          log_every: int, lr: float, seed: int = 0) -> Answer:
+    """The gpuscalar loop with each logging window (``log_every`` steps, the running loss
+    reset first) recorded as one CUDA graph: one launch per window, one read after it."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    running = xp.zeros((), dtype=X.dtype)
+
+    def step() -> None:
+        err = matmul(X, w) - y
+        running[...] += gsr.mean(err * err)
+        sgd_step(w, matmul(X.T, err), lr=2.0 * lr / n)
+
+    def window() -> None:
+        running[...] = 0.0
+        for _ in range(log_every):
+            step()
+
+    windows, rest = _chunks(steps, log_every)
+    replay = _captured(window, [w, running])
+    logged = []
+    for _ in range(windows):
+        replay()
+        logged.append(float(gss.GPUScalar(running)) / log_every)  # the window's one sync
+    for _ in range(rest):
+        step()
     return {"w": w, "logged": logged}
 
 
@@ -214,6 +264,36 @@ def clip_adam_gpuscalar(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps:
     return {"params": params, "last_norm": float(norm)}  # the one sync
 
 
+def clip_adam_capture(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int,
+                      scale: float, max_norm: float, lr: float, betas: tuple[float, float],
+                      eps: float, seed: int = 0) -> Answer:
+    """Clipping + Adam as CUDA graphs of ten steps: the gradients are written into fixed
+    buffers, Adam's step count lives on the device (`gpuscalar.optim.Adam`), and the last
+    norm is read once at the end."""
+    params = [p.copy() for p in inputs["params"]]
+    grads = [xp.zeros_like(p) for p in params]
+    opt = Adam(params, lr=lr, betas=betas, eps=eps)
+
+    def step() -> Any:
+        for g, p, t in zip(grads, params, inputs["targets"], strict=True):
+            xp.subtract(p, t, out=g)
+            g *= scale
+        norm = clip_grad_norm(grads, max_norm)
+        opt.step(grads)
+        return norm
+
+    chunks, rest = _chunks(steps, 10)
+    checkpoint = opt.state_dict()
+    replay = _captured(lambda: [step() for _ in range(10)][-1], params)
+    opt.load_state_dict(checkpoint)
+    norm = None
+    for _ in range(chunks):
+        norm = replay()
+    for _ in range(rest):
+        norm = step()
+    return {"params": params, "last_norm": float(norm)}  # the one sync
+
+
 def _validate_clip(params: Params) -> None:
     _positive_ints(params, "steps")
     if not params["shapes"]:
@@ -269,6 +349,30 @@ def broadcast_ad_gpuscalar(xp: ModuleType, inputs: Inputs, *, rows: int, cols: i
         b = b - lr * gsr.unbroadcast(dpred, ())
         sgd_step(s, gsr.unbroadcast(dpred, s.shape), lr=lr)
     return {"a": float(a), "b": float(b), "s": s}  # the fitted scalars: two syncs
+
+
+def broadcast_ad_capture(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+                         lr: float, seed: int = 0) -> Answer:
+    """The same backward, ten steps per CUDA graph: the scalars a and b are 0-d device arrays
+    updated in place by their device gradients."""
+    x, target = inputs["x"], inputs["target"]
+    a, b = xp.zeros((), dtype=x.dtype), xp.zeros((), dtype=x.dtype)
+    s = xp.zeros(cols, dtype=x.dtype)
+    scale = 2.0 / (rows * cols)
+
+    def step() -> None:
+        dpred = scale * (a * x + b + s - target)
+        a[...] -= lr * gsr.unbroadcast(dpred * x, ())
+        b[...] -= lr * gsr.unbroadcast(dpred, ())
+        sgd_step(s, gsr.unbroadcast(dpred, s.shape), lr=lr)
+
+    chunks, rest = _chunks(steps, 10)
+    replay = _captured(lambda: [step() for _ in range(10)], [a, b, s])
+    for _ in range(chunks):
+        replay()
+    for _ in range(rest):
+        step()
+    return {"a": float(gss.GPUScalar(a)), "b": float(gss.GPUScalar(b)), "s": s}  # two syncs
 
 
 def _validate_ad(params: Params) -> None:
@@ -335,6 +439,35 @@ def jacobi_gpuscalar(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, t
     return {"x": x, "iterations": iterations}
 
 
+def jacobi_capture(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+                   max_iter: int, check_every: int, seed: int = 0) -> Answer:
+    """The masked Jacobi loop with each ``check_every``-iteration chunk between two host checks
+    recorded as one CUDA graph (its state updated in place; matrix products by gs.matmul)."""
+    A, R, D, b = inputs["A"], inputs["R"], inputs["D"], inputs["b"]
+    x = xp.zeros((problems, n), dtype=b.dtype)
+    active = xp.ones(problems, dtype=bool)
+    iterations = xp.zeros(problems, dtype=xp.int64)
+
+    def iteration() -> None:
+        x_new = (b - matmul(R, x[..., None])[..., 0]) / D
+        x[...] = xp.where(active[:, None], x_new, x)
+        iterations[...] += active
+        residual = xp.linalg.norm(b - matmul(A, x[..., None])[..., 0], axis=1)
+        active[...] &= residual >= tol
+
+    chunks, rest = _chunks(max_iter, check_every)
+    replay = _captured(lambda: [iteration() for _ in range(check_every)],
+                       [x, active, iterations])
+    for _ in range(chunks):
+        replay()
+        if not gsr.any(active):  # one sync per check
+            break
+    else:
+        for _ in range(rest):
+            iteration()
+    return {"x": x, "iterations": iterations}
+
+
 def _validate_jacobi(params: Params) -> None:
     _positive_ints(params, "problems", "n", "max_iter", "check_every")
     if not params["tol"] > 0:
@@ -395,6 +528,29 @@ def lr_schedule_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, steps: int,
     return {"w": w, "lr": rates}
 
 
+def lr_schedule_capture(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+                        base_lr: float, min_lr: float, seed: int = 0) -> Answer:
+    """The same schedule in CUDA graphs of ten steps: the step counter is a 0-d device array
+    incremented in place, and the schedule reads it inside the fused update at every replay."""
+    w = inputs["w0"].copy()
+    count = xp.zeros((), dtype=xp.int64)
+    schedule = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
+
+    def step() -> None:
+        count[...] += 1
+        lr = warmup_cosine(xp, gss.GPUScalar(count), **schedule)  # read when the kernel runs
+        sgd_step(w, w - inputs["target"], lr=lr)
+
+    chunks, rest = _chunks(steps, 10)
+    replay = _captured(lambda: [step() for _ in range(10)], [w, count])
+    for _ in range(chunks):
+        replay()
+    for _ in range(rest):
+        step()
+    rates = warmup_cosine(xp, xp.arange(1, steps + 1, dtype=xp.int64), **schedule)
+    return {"w": w, "lr": rates}
+
+
 def _validate_schedule(params: Params) -> None:
     _positive_ints(params, "n", "steps", "warmup")
     if params["warmup"] >= params["steps"]:
@@ -402,6 +558,61 @@ def _validate_schedule(params: Params) -> None:
             f"parameter 'warmup' ({params['warmup']}) must be smaller than 'steps' "
             f"({params['steps']})"
         )
+
+
+# ---- (f) training with the loss accumulated every step ----------------------------------------
+
+
+def train_total_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int, lr: float,
+                      seed: int = 0) -> Answer:
+    """Least-squares SGD, ``total += float(loss)`` every step (the loop the H100 graph figures
+    were measured on)."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    total = 0.0
+    for _ in range(steps):
+        err = X @ w - y
+        total += float((err * err).mean())  # one sync per step
+        w -= (2.0 * lr / n) * (X.T @ err)
+    return {"w": w, "total": total}
+
+
+def train_total_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+                          lr: float, seed: int = 0) -> Answer:
+    """The same loop with the total kept on the device (read once) and the fused SGD step."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    total = 0.0
+    for _ in range(steps):
+        err = X @ w - y
+        total = total + gsr.mean(err * err)
+        sgd_step(w, X.T @ err, lr=2.0 * lr / n)
+    return {"w": w, "total": float(total)}  # the one sync
+
+
+def train_total_capture(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+                        lr: float, seed: int = 0) -> Answer:
+    """Ten steps per CUDA graph (products by gs.matmul), the total a 0-d device array."""
+    X, y = inputs["X"], inputs["y"]
+    w = xp.zeros(d, dtype=X.dtype)
+    total = xp.zeros((), dtype=X.dtype)
+
+    def step() -> None:
+        err = matmul(X, w) - y
+        total[...] += gsr.mean(err * err)
+        sgd_step(w, matmul(X.T, err), lr=2.0 * lr / n)
+
+    chunks, rest = _chunks(steps, 10)
+    replay = _captured(lambda: [step() for _ in range(10)], [w, total])
+    for _ in range(chunks):
+        replay()
+    for _ in range(rest):
+        step()
+    return {"w": w, "total": float(gss.GPUScalar(total))}  # the one sync
+
+
+def _validate_total(params: Params) -> None:
+    _positive_ints(params, "n", "d", "steps")
 
 
 # ---- the registry -------------------------------------------------------------------------
@@ -415,6 +626,7 @@ WORKLOADS: dict[str, Workload] = {
             make_inputs=_regression_inputs,
             float_path=train_logging_float,
             gpuscalar_path=train_logging_gpuscalar,
+            capture_path=train_logging_capture,
             host_values_needed=lambda p: p["steps"] // p["log_every"],
             host_values_reason="one logged mean loss per window of log_every steps",
             sizes={
@@ -429,6 +641,7 @@ WORKLOADS: dict[str, Workload] = {
             make_inputs=_clip_inputs,
             float_path=clip_adam_float,
             gpuscalar_path=clip_adam_gpuscalar,
+            capture_path=clip_adam_capture,
             host_values_needed=lambda p: 1,
             host_values_reason=(
                 "the last gradient norm, for a log line; the clip decision itself is a device "
@@ -449,6 +662,7 @@ WORKLOADS: dict[str, Workload] = {
             make_inputs=_ad_inputs,
             float_path=broadcast_ad_float,
             gpuscalar_path=broadcast_ad_gpuscalar,
+            capture_path=broadcast_ad_capture,
             host_values_needed=lambda p: 2,
             host_values_reason="the two fitted scalar parameters a and b, read once at the end",
             sizes={
@@ -463,6 +677,7 @@ WORKLOADS: dict[str, Workload] = {
             make_inputs=_jacobi_inputs,
             float_path=jacobi_float,
             gpuscalar_path=jacobi_gpuscalar,
+            capture_path=jacobi_capture,
             host_values_needed=lambda p: -(-p["max_iter"] // p["check_every"]),
             host_values_reason=(
                 "one 'is any system still active?' decision per check, at most "
@@ -480,6 +695,7 @@ WORKLOADS: dict[str, Workload] = {
             make_inputs=_schedule_inputs,
             float_path=lr_schedule_float,
             gpuscalar_path=lr_schedule_gpuscalar,
+            capture_path=lr_schedule_capture,
             host_values_needed=lambda p: 0,
             host_values_reason=(
                 "none: the rate only feeds the device update, and the trace of rates is "
@@ -490,6 +706,21 @@ WORKLOADS: dict[str, Workload] = {
                 "default": dict(n=4096, steps=500, warmup=50, base_lr=0.1, min_lr=0.001),
             },
             validate=_validate_schedule,
+        ),
+        Workload(
+            name="train_total",
+            description="least-squares SGD with the loss accumulated every step, read at the end",
+            make_inputs=_regression_inputs,
+            float_path=train_total_float,
+            gpuscalar_path=train_total_gpuscalar,
+            capture_path=train_total_capture,
+            host_values_needed=lambda p: 1,
+            host_values_reason="the total loss, read once at the end",
+            sizes={
+                "quick": dict(n=256, d=16, steps=100, lr=0.05),
+                "default": dict(n=1024, d=64, steps=2000, lr=0.05),
+            },
+            validate=_validate_total,
         ),
     )
 }

@@ -36,13 +36,27 @@ def assert_same_answer(xp, a, b):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_both_paths_give_the_same_answer(xp, name):
+def test_every_path_gives_the_same_answer(xp, name):
     workload = WORKLOADS[name]
     params = workload.params("quick")
     inputs = workload.make_inputs(xp, params)
     float_answer = workload.run("float", xp, params, inputs)
-    gs_answer = workload.run("gpuscalar", xp, params, inputs)
-    assert_same_answer(xp, float_answer, gs_answer)
+    for path in PATHS[1:]:
+        assert_same_answer(xp, float_answer, workload.run(path, xp, params, inputs))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_capture_path_reads_what_the_gpuscalar_path_reads(name):
+    """Replays are one device op each; the host reads the same values between them."""
+    from gpuscalar import benchmarks
+
+    workload = WORKLOADS[name]
+    params = workload.params("quick")
+    gs_syncs, _, _ = benchmarks.count_path(workload, "gpuscalar", params)
+    capture_syncs, capture_ops, _ = benchmarks.count_path(workload, "capture", params)
+    assert capture_syncs == gs_syncs
+    float_ops = benchmarks.count_path(workload, "float", params)[1]
+    assert capture_ops < float_ops
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -58,6 +72,7 @@ def test_paths_do_not_mutate_their_inputs(name):
     before = {key: array.copy() for key, array in flat.items()}
     first = workload.run("gpuscalar", np, params, inputs)
     workload.run("float", np, params, inputs)
+    workload.run("capture", np, params, inputs)
     for key, array in flat.items():
         np.testing.assert_array_equal(array, before[key], err_msg=key)
     assert_same_answer(np, first, workload.run("gpuscalar", np, params, inputs))
@@ -129,6 +144,7 @@ def test_registry_entries_are_complete():
         assert {workload.path(p) for p in PATHS} == {
             workload.float_path,
             workload.gpuscalar_path,
+            workload.capture_path,
         }
 
 
