@@ -9,7 +9,8 @@ table (`bench/gpu_adam.py`), per-op overhead and the idle read latency on CuPy
 (`bench/overhead.py`), the demo, the sync table of every workload's gpuscalar path under
 ``count_syncs(include_cupy=True)`` (each must read only what it states it needs), the captured
 training loop against PyTorch's CUDA graph (`bench/gpu_capture.py`, when present) and the whole
-test suite. It writes ``DIR/report.md`` and ``DIR/report.json``.
+test suite (its pass/fail/skip counts). It writes ``DIR/report.md`` and ``DIR/report.json``.
+Adding a section is one entry in ``SECTIONS``.
 
 Each section runs in a subprocess with its own time limit, under one overall deadline, so a crash
 or a hang costs that section only; the measurements run before the (longest) test suite. Nothing
@@ -24,10 +25,12 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,8 @@ TOTAL_BUDGET_S = 290.0
 @dataclass(frozen=True)
 class Section:
     """One thing the report runs: ``argv`` (``{json}`` is replaced by the section's JSON file),
-    its time limit, and the file that must exist for it to run at all (optional sections)."""
+    its time limit, the file that must exist for it to run at all (optional sections), and for
+    a tool that writes no JSON, a function that reads its data from its output."""
 
     name: str
     title: str
@@ -48,6 +52,7 @@ class Section:
     budget_s: float
     writes_json: bool = False
     requires: str | None = None
+    parse: Callable[[str], Any] | None = None
 
 
 @dataclass
@@ -66,27 +71,46 @@ def _python(*args: str) -> tuple[str, ...]:
     return (sys.executable, *args)
 
 
-#: In running order: the measurements first, the test suite last.
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|deselected|errors?"
+                           r"|warnings?)\b")
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """The counts on pytest's final summary line ("2 failed, 1200 passed, 9 skipped in 31.2s"),
+    keyed passed/failed/skipped/errors/...; empty when the output has no summary line."""
+    for line in reversed(output.splitlines()):
+        found = _PYTEST_COUNT.findall(line)
+        if found and re.search(r"\bin [\d.]+s", line):
+            plural = {"error": "errors", "warning": "warnings"}
+            return {plural.get(word, word): int(count) for count, word in found}
+    return {}
+
+
+_THIS = str(Path(__file__).resolve())
+
+#: In running order: the measurements first, then the test suite with all the time left (at
+#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more).
 SECTIONS: tuple[Section, ...] = (
-    Section("environment", "Environment", _python(__file__, "--section", "environment",
-                                                  "--json", "{json}"), 30, True),
+    Section("environment", "Environment",
+            _python(_THIS, "--section", "environment", "--json", "{json}"), 20, True),
     Section("syncs", "Sync table of each workload's gpuscalar path (CuPy, include_cupy=True)",
-            _python(__file__, "--section", "syncs", "--json", "{json}"), 40, True),
+            _python(_THIS, "--section", "syncs", "--json", "{json}"), 30, True),
     Section("bench", "gpuscalar bench --backend cupy",
-            _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 60,
+            _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 50,
             True),
     Section("adam", "Fused Adam bandwidth and the optimizer table (bench/gpu_adam.py)",
-            _python("bench/gpu_adam.py", "--json", "{json}"), 45, True),
+            _python("bench/gpu_adam.py", "--json", "{json}"), 40, True),
     Section("overhead", "Per-op overhead on CuPy (bench/overhead.py)",
             _python("bench/overhead.py", "--backend", "cupy", "--number", "2000",
-                    "--json", "{json}"), 30, True),
+                    "--json", "{json}"), 20, True),
     Section("demo", "The demo (gpuscalar demo --backend cupy)",
-            _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 25),
+            _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 20),
     Section("capture", "Captured training loop vs PyTorch's CUDA graph (bench/gpu_capture.py)",
-            _python("bench/gpu_capture.py", "--json", "{json}"), 40, True,
+            _python("bench/gpu_capture.py", "--json", "{json}"), 30, True,
             requires="bench/gpu_capture.py"),
     Section("tests", "The whole test suite (python -m pytest -q)",
-            _python("-m", "pytest", "-q", "-p", "no:cacheprovider"), 150),
+            _python("-m", "pytest", "-q", "-p", "no:cacheprovider"), TOTAL_BUDGET_S,
+            parse=pytest_counts),
 )
 
 
@@ -132,6 +156,8 @@ def _run_one(section: Section, out: Path, limit: float) -> SectionResult:
             data = json.loads(json_file.read_text())
         except json.JSONDecodeError as error:
             data = {"unreadable": str(error)}
+    elif section.parse is not None:
+        data = section.parse(output)
     status = "ok" if completed.returncode == 0 else "failed"
     return SectionResult(section.name, section.title, status, seconds, completed.returncode,
                          _tail(output), data)
@@ -158,7 +184,8 @@ def environment() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(), "numpy": numpy.__version__,
         "gpuscalar": gpuscalar.__version__, "host": platform.node(),
-        "gpu": gpuscalar.gpu_available(),
+        "gpu": gpuscalar.gpu_available(),  # imports CuPy when it is installed
+        "cupy": getattr(sys.modules.get("cupy"), "__version__", None),
     }
     if info["gpu"]:
         import cupy
@@ -167,19 +194,13 @@ def environment() -> dict[str, Any]:
         props = runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"]
         info.update(
-            cupy=cupy.__version__,
             device=name.decode() if isinstance(name, bytes) else name,
-            cuda_runtime=runtime.runtimeGetVersion(),
-            cuda_driver=runtime.driverGetVersion(),
+            driver=_driver_version(),
+            cuda_runtime=_cuda_version(runtime.runtimeGetVersion()),
+            cuda_driver=_cuda_version(runtime.driverGetVersion()),
             multiprocessors=props["multiProcessorCount"],
             memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
         )
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        query = subprocess.run(
-            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20)
-        info["nvidia_smi"] = query.stdout.strip()
     try:
         import torch
 
@@ -187,6 +208,34 @@ def environment() -> dict[str, Any]:
     except ImportError:
         info["torch"] = None
     return info
+
+
+def _cuda_version(number: int) -> str:
+    """CUDA's integer version (12080) as text ("12.8")."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version ("580.159"): from nvidia-smi, else from the kernel module."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            query = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            query = None
+        if query is not None and query.returncode == 0 and query.stdout.strip():
+            return query.stdout.split()[0]
+    try:
+        return module_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
+def module_version(text: str) -> str | None:
+    """The driver version in /proc/driver/nvidia/version's text (proprietary or open module)."""
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
 
 
 def workload_sync_tables(xp: Any, size: str = "default") -> list[dict[str, Any]]:
@@ -229,10 +278,16 @@ def to_markdown(environment_info: dict[str, Any], results: list[SectionResult]) 
         lines += ["**No GPU was found on this machine: nothing was measured.**", ""]
     lines += ["| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in environment_info.items()]
+    if results:
+        lines += ["", "| section | status | seconds |", "|---|---|---|"]
+        lines += [f"| {r.name} | {r.status} | {r.seconds:.0f} |" for r in results]
     for result in results:
         lines += ["", f"## {result.title}", "",
                   f"status: **{result.status}**, {result.seconds:.0f} s"
                   + (f" ({result.reason})" if result.reason else "")]
+        if result.name == "tests" and isinstance(result.data, dict):
+            counts = ", ".join(f"{n} {word}" for word, n in result.data.items())
+            lines += ["", f"counts: {counts or 'no pytest summary line in the output'}"]
         if result.name == "syncs" and isinstance(result.data, dict):
             for row in result.data.get("workloads", []):
                 verdict = "ok" if row["only_stated_reads"] else "**MORE THAN STATED**"

@@ -74,7 +74,8 @@ def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -
         rows[name] = {"lazy_ns": lazy_s * 1e9, "eager_ns": eager_s * 1e9, "raw_ns": raw_s * 1e9,
                       "lazy_ratio": lazy_s / raw_s, "eager_ratio": eager_s / raw_s}
     return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": rows,
-            "read_latency_us": read_latency(backend_name) * 1e6}
+            "read_latency_us": read_latency(backend_name) * 1e6,
+            "read_is_device_sync": not backend.evaluates_on_host}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -84,7 +85,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{name:<12} {row['lazy_ns']:>7.0f}ns {row['eager_ns']:>7.0f}ns "
                      f"{row['raw_ns']:>7.0f}ns {row['lazy_ratio']:>8.2f}x "
                      f"{row['eager_ratio']:>8.2f}x")
-    lines.append(f"float(gs.sum(small array)), queue idle: {result['read_latency_us']:.1f} us")
+    what = ("a reduction launch, the wait, the copy" if result["read_is_device_sync"]
+            else "no device: a host reduction, not a GPU sync")
+    lines.append(f"float(gs.sum(small array)), queue idle: {result['read_latency_us']:.1f} us "
+                 f"({what})")
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ def test_without_a_gpu_it_says_so_writes_a_report_and_exits_0(tmp_path):
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["environment"]["gpu"] is False and report["sections"] == []
     assert report["environment"]["numpy"] and report["environment"]["date"]
+    assert "cupy" in report["environment"]  # its version, or None where CuPy is not installed
     assert "No GPU was found" in (tmp_path / "report" / "report.md").read_text()
 
 
@@ -83,6 +84,39 @@ def test_every_planned_section_exists_and_fits_the_budget():
         script = section.argv[1]
         if script.endswith(".py") and not section.requires:
             assert (gpu_report.REPO / script).exists(), script
+    # the suite gets what the measurements leave, and they always leave it a minute and a half
+    measurements = sum(s.budget_s for s in gpu_report.SECTIONS[:-1])
+    assert gpu_report.TOTAL_BUDGET_S - measurements >= 80
+    assert gpu_report.TOTAL_BUDGET_S < 300  # five minutes, with room for the script itself
+
+
+def test_pytest_counts_come_from_the_final_summary_line():
+    output = ("....F..s\n=== short test summary info ===\nFAILED tests/test_a.py::test_b - 2 "
+              "passed\n2 failed, 1200 passed, 9 skipped, 1 error, 3 warnings in 31.20s\n")
+    assert gpu_report.pytest_counts(output) == {"failed": 2, "passed": 1200, "skipped": 9,
+                                                "errors": 1, "warnings": 3}
+    assert gpu_report.pytest_counts("1300 passed in 20.01s") == {"passed": 1300}
+    assert gpu_report.pytest_counts("....\n[ 40%]") == {}  # stopped before its summary
+
+
+def test_the_driver_version_is_read_from_either_kernel_module_text():
+    closed = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159  Tue Oct 28 2025\nGCC 12"
+    opened = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build"
+    assert gpu_report.module_version(closed) == "580.159"
+    assert gpu_report.module_version(opened) == "580.95.05"
+    assert gpu_report.module_version("no driver here") is None
+    assert (gpu_report._cuda_version(13000), gpu_report._cuda_version(12080)) == ("13.0", "12.8")
+
+
+def test_a_section_without_json_can_parse_its_output(tmp_path):
+    code = "print('..s'); print('2 passed, 1 skipped in 0.10s'); raise SystemExit(1)"
+    section = gpu_report.Section("tests", "Tests", (sys.executable, "-c", code), 20,
+                                 parse=gpu_report.pytest_counts)
+    (result,) = gpu_report.run_sections([section], tmp_path, total_budget_s=30)
+    assert result.status == "failed" and result.returncode == 1
+    assert result.data == {"passed": 2, "skipped": 1}
+    text = gpu_report.to_markdown({"gpu": True}, [result])
+    assert "counts: 2 passed, 1 skipped" in text and "| tests | failed |" in text
 
 
 def test_workload_sync_tables_show_only_the_stated_reads_on_the_strict_device():
@@ -91,6 +125,17 @@ def test_workload_sync_tables_show_only_the_stated_reads_on_the_strict_device():
     for row in rows:
         assert row["only_stated_reads"], row
         assert row["table"].startswith(f"gpuscalar: {row['syncs']} sync")
+
+
+def test_overhead_labels_a_cpu_read_as_no_gpu_sync(tmp_path):
+    result = subprocess.run([sys.executable, str(gpu_report.REPO / "bench" / "overhead.py"),
+                             "--number", "50", "--json", str(tmp_path / "o.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "queue idle:" in result.stdout and "not a GPU sync" in result.stdout
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert data["read_is_device_sync"] is False and data["read_latency_us"] > 0
+    assert set(data["ops"]) == {"s + 1.0", "s * t", "s < t", "-s", "gs.sqrt(s)"}
 
 
 def test_markdown_names_every_section_and_flags_extra_reads():
