@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import statistics
 import sys
 import time
@@ -43,47 +44,58 @@ def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-# ---- CuPy ---------------------------------------------------------------------------------------
+# ---- the loop, written once -------------------------------------------------------------------
 #
 # Each version is prepared once (data on the device; the graph captured) and then run whole:
 # ``prepare() -> run``, where ``run()`` starts from zero weights and returns (weights, total).
+# The step and the float path are written once for any array library with ``@``, ``.T`` and
+# ``.mean()`` whose ``+=``/``-=`` work in place (CuPy, PyTorch, NumPy).
 
 Version = Callable[[], Callable[[], tuple[Any, float]]]
+SCALE = 2.0 * LR / N  # the gradient of the mean squared error is 2/n * X^T err
+
+
+def train_step(x: Any, y: Any, w: Any, total: Any, matmul: Callable[[Any, Any], Any]) -> None:
+    """One SGD step of least squares; the loss is added to the 0-d device array ``total``."""
+    err = matmul(x, w) - y
+    total += (err * err).mean()
+    w -= SCALE * matmul(x.T, err)
+
+
+def _float_and_eager(x: Any, y: Any, zeros: Callable[[tuple[int, ...]], Any],
+                     steps: int) -> dict[str, Callable[[], tuple[Any, float]]]:
+    def float_path() -> tuple[Any, float]:
+        w = zeros((D,))
+        total = 0.0
+        for _ in range(steps):
+            err = x @ w - y
+            total += float((err * err).mean())  # one sync per step
+            w -= SCALE * (x.T @ err)
+        return w, total
+
+    def eager_path() -> tuple[Any, float]:
+        w, total = zeros((D,)), zeros(())
+        for _ in range(steps):
+            train_step(x, y, w, total, operator.matmul)
+        return w, float(total)  # the one read
+
+    return {"float": float_path, "eager": eager_path}
 
 
 def cupy_versions(xp: Any, steps: int, chunk: int) -> dict[str, Version]:
     """The loop's versions on ``xp`` (CuPy; NumPy works too, where the graph is a re-run)."""
     x_host, y_host = _data()
     x, y = xp.asarray(x_host), xp.asarray(y_host)
-    scale = 2.0 * LR / N
 
-    def float_path() -> tuple[Any, float]:
-        w = xp.zeros(D, dtype=np.float32)
-        total = 0.0
-        for _ in range(steps):
-            err = x @ w - y
-            total += float((err * err).mean())  # one sync per step
-            w -= scale * (x.T @ err)
-        return w, total
-
-    def eager_path() -> tuple[Any, float]:
-        w = xp.zeros(D, dtype=np.float32)
-        total = xp.zeros((), dtype=np.float32)
-        for _ in range(steps):
-            err = x @ w - y
-            total += (err * err).mean()
-            w -= scale * (x.T @ err)
-        return w, float(total)
+    def zeros(shape: tuple[int, ...]) -> Any:
+        return xp.zeros(shape, dtype=np.float32)
 
     def prepare_graph() -> Callable[[], tuple[Any, float]]:
-        w = xp.zeros(D, dtype=np.float32)
-        total = xp.zeros((), dtype=np.float32)
+        w, total = zeros((D,)), zeros(())
 
         def block() -> None:
             for _ in range(chunk):
-                err = gs.matmul(x, w) - y
-                total[...] += gs.mean(err * err)
-                gs.optim.sgd_step(w, gs.matmul(x.T, err), lr=scale)
+                train_step(x, y, w, total, gs.matmul)  # CuPy's @ refuses to be captured
 
         replay = gs.capture(block, warmup=1)
 
@@ -96,46 +108,26 @@ def cupy_versions(xp: Any, steps: int, chunk: int) -> dict[str, Version]:
 
         return run
 
-    return {"cupy float": lambda: float_path, "cupy eager": lambda: eager_path,
+    paths = _float_and_eager(x, y, zeros, steps)
+    return {"cupy float": lambda: paths["float"], "cupy eager": lambda: paths["eager"],
             "cupy graph": prepare_graph}
 
 
-# ---- PyTorch ------------------------------------------------------------------------------------
-
-
 def torch_versions(torch: Any, steps: int, chunk: int) -> dict[str, Version]:
+    """The same loop in PyTorch on CUDA; its graph through ``torch.cuda.graph``."""
     x_host, y_host = _data()
     x = torch.as_tensor(x_host, device="cuda")
     y = torch.as_tensor(y_host, device="cuda")
-    scale = 2.0 * LR / N
 
-    def float_path() -> tuple[Any, float]:
-        w = torch.zeros(D, device="cuda")
-        total = 0.0
-        for _ in range(steps):
-            err = x @ w - y
-            total += float((err * err).mean())
-            w -= scale * (x.T @ err)
-        return w, total
-
-    def eager_path() -> tuple[Any, float]:
-        w = torch.zeros(D, device="cuda")
-        total = torch.zeros((), device="cuda")
-        for _ in range(steps):
-            err = x @ w - y
-            total += (err * err).mean()
-            w -= scale * (x.T @ err)
-        return w, float(total)
+    def zeros(shape: tuple[int, ...]) -> Any:
+        return torch.zeros(shape, dtype=torch.float32, device="cuda")
 
     def prepare_graph() -> Callable[[], tuple[Any, float]]:
-        w = torch.zeros(D, device="cuda")
-        total = torch.zeros((), device="cuda")
+        w, total = zeros((D,)), zeros(())
 
         def block() -> None:
             for _ in range(chunk):
-                err = x @ w - y
-                total.add_((err * err).mean())
-                w.sub_(scale * (x.T @ err))
+                train_step(x, y, w, total, operator.matmul)
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -155,7 +147,8 @@ def torch_versions(torch: Any, steps: int, chunk: int) -> dict[str, Version]:
 
         return run
 
-    return {"torch float": lambda: float_path, "torch eager": lambda: eager_path,
+    paths = _float_and_eager(x, y, zeros, steps)
+    return {"torch float": lambda: paths["float"], "torch eager": lambda: paths["eager"],
             "torch graph": prepare_graph}
 
 

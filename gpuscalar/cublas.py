@@ -88,14 +88,36 @@ _lock = threading.Lock()
 _library: Any = None
 
 
+def _cuda_major() -> int | None:
+    """The CUDA major version CuPy was built for (its cuBLAS must match); None without CuPy.
+    Known without a GPU."""
+    try:
+        import cupy  # noqa: PLC0415 - the binding serves CuPy arrays
+
+        return int(cupy.cuda.runtime.runtimeGetVersion()) // 1000
+    except (ImportError, RuntimeError):
+        return None
+
+
+def _major_of(path: str) -> int | None:
+    """12 for ``.../libcublas.so.12`` or ``libcublas.so.12.9.1.3``; None for ``libcublas.so``."""
+    suffix = os.path.basename(path).removeprefix("libcublas.so.")
+    head = suffix.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def _find() -> str:
-    """The path of the libcublas to use: the one already loaded in this process (by CuPy),
-    else cuda-pathfinder's (CuPy's own lookup: the nvidia-cublas wheels, CUDA_PATH, ...)."""
+    """The path of the libcublas to use: one of CuPy's CUDA major already loaded in this process
+    (by CuPy; PyTorch may have loaded another), else cuda-pathfinder's (CuPy's own lookup: the
+    nvidia-cublas wheels, CUDA_PATH, ...)."""
+    major = _cuda_major()
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
             for line in maps:
                 path = line.rsplit(None, 1)[-1]
-                if os.path.basename(path).startswith("libcublas.so"):
+                if os.path.basename(path).startswith("libcublas.so") and (
+                    major is None or _major_of(path) in (major, None)
+                ):
                     return path
     except OSError:
         pass
@@ -107,13 +129,18 @@ def _find() -> str:
             f"({error}); install CuPy, e.g. the cuda12 extra"
         ) from error
     try:
-        return load_nvidia_dynamic_lib("cublas").abs_path
+        path = load_nvidia_dynamic_lib("cublas").abs_path
     except Exception as error:  # noqa: BLE001 - pathfinder raises its own not-found types
         raise CublasError(
             f"libcublas was not found ({type(error).__name__}: {error}); install the "
             "nvidia-cublas wheel for your CUDA (pip install 'gpuscalar[cuda12]') or the CUDA "
             "toolkit"
         ) from error
+    found = _major_of(path)
+    if major is not None and found not in (major, None):
+        raise CublasError(f"the libcublas found ({path}) is for CUDA {found} but CuPy is built "
+                          f"for CUDA {major}; install the nvidia-cublas wheel for CUDA {major}")
+    return path
 
 
 def library() -> Any:
@@ -161,33 +188,35 @@ def version() -> tuple[int, int, int]:
 
 
 class Handle:
-    """A cuBLAS handle of gpuscalar's own, in device pointer mode, with a fixed workspace.
+    """A cuBLAS handle of gpuscalar's own for one stream: device pointer mode, a fixed workspace.
 
-    ``allocate(nbytes)`` returns a device buffer object with a ``.data.ptr`` (the workspace is
-    made once, so nothing is allocated while a graph is being captured). `prepare` points the
-    handle at a stream before each call (which also resets the workspace, so it is set again).
+    ``allocate(nbytes)`` returns a device buffer object with a ``.ptr``, freed when dropped.
+    The stream and the workspace are set once, here (``cublasSetStream_v2`` resets the
+    workspace, so the stream comes first): a handle made before a capture (in its warm-up)
+    allocates and re-binds nothing while the graph is recorded. A cuBLAS handle must not be
+    used by two threads at once: hold ``lock`` around a call.
     """
 
     WORKSPACE_BYTES = 32 * 2**20  # cuBLAS recommends >= 4 MiB on Hopper; 32 MiB is common
 
-    def __init__(self, allocate: Callable[[int], Any]) -> None:
+    def __init__(self, allocate: Callable[[int], Any], stream_ptr: int) -> None:
         handle = _P()
         call("cublasCreate_v2", ctypes.byref(handle))
-        self.value = handle.value
+        self.value: int | None = handle.value
+        self.lock = threading.Lock()
         try:
             call("cublasSetPointerMode_v2", self.value, POINTER_MODE_DEVICE)
+            call("cublasSetStream_v2", self.value, stream_ptr)
             self.workspace = allocate(self.WORKSPACE_BYTES)
+            call("cublasSetWorkspace_v2", self.value, self.workspace.ptr,
+                 self.WORKSPACE_BYTES)
         except BaseException:
             call("cublasDestroy_v2", self.value)
             raise
 
-    def prepare(self, stream_ptr: int) -> int:
-        """Point the handle at ``stream_ptr`` with its own workspace; returns the handle."""
-        call("cublasSetStream_v2", self.value, stream_ptr)
-        call("cublasSetWorkspace_v2", self.value, self.workspace.data.ptr, self.WORKSPACE_BYTES)
-        return self.value
-
     def close(self) -> None:
+        """Destroy the handle (cuBLAS waits for the device first), then drop the workspace."""
         if self.value:
-            call("cublasDestroy_v2", self.value)
-            self.value = None
+            value, self.value = self.value, None
+            call("cublasDestroy_v2", value)
+            self.workspace = None

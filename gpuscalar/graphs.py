@@ -13,10 +13,15 @@ returns what ``fn`` returned: the same device buffers every time (a GPUScalar re
 GPUScalar over its buffer, so no stale host value is ever cached). The arrays ``fn`` reads and
 writes are the graph's static buffers: update inputs in place (``x[...] = batch``).
 
+Where the step runs: on the backend and device of its array and GPUScalar arguments (all on one);
+for a step without array arguments, on those of the arrays its function closes over (a NumPy
+array beside device arrays does not count); failing that, on CuPy's current device when a GPU is
+present, else on NumPy.
+
 Warm-up and recording run under ``sync_guard("error")``, with the array library's own syncs
 guarded too (CuPy's syncdetect hook; the strict device's declared reads), so a sync raises
 `SyncError` naming its reason and line before CUDA sees it. Any error ends the capture cleanly
-(stream out of capture mode, graph and pool discarded, stream and allocator restored) and the
+(stream out of capture mode, partial graph discarded, stream and allocator restored) and the
 user's error is raised, never a cleanup error. Nested captures are refused.
 
 On NumPy and the strict device no graph exists: recording executes nothing, and each call runs
@@ -30,6 +35,9 @@ step (the learning rate, the step count) must be device scalars updated inside t
 from __future__ import annotations
 
 import contextlib
+import inspect
+import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -37,15 +45,18 @@ from typing import Any
 
 import numpy as np
 
-from . import sync
-from .backend import CUPY, Backend, backend_of, default_backend
+from . import linalg, sync
+from .backend import CUPY, NUMPY, Backend, backend_of, default_backend
 from .scalar import GPUScalar, _array_of, _wrap
 
 __all__ = ["capture", "CapturedStep"]
 
+#: True while a step is being warmed up or recorded in this context (captures cannot nest)
 _capturing: ContextVar[bool] = ContextVar("gpuscalar_capturing", default=False)
 
 _NUMBERS = (bool, int, float, complex, np.generic)
+#: what CuPy's refusal to call cuBLAS in a capture says (cupy_backends.cuda.libs.cublas)
+_CUBLAS_REFUSAL = "cuBLAS"
 
 
 def capture(fn: Callable[..., Any] | None = None, /, *args: Any, warmup: int = 2,
@@ -70,42 +81,88 @@ def _check_count(value: Any, name: str, least: int) -> int:
     return int(value)
 
 
-def _backend_of_args(args: tuple[Any, ...]) -> Backend:
-    """The backend (and device) every array or GPUScalar argument lives on."""
-    found: Backend | None = None
-    device: object = None
+# ---- where a step runs ----------------------------------------------------------------------
+
+Placement = tuple[Backend, object]  # (backend, device)
+
+
+def _where(value: Any) -> Placement | None:
+    """The backend and device of an array or GPUScalar; None for anything else."""
+    if isinstance(value, GPUScalar):
+        return value.backend, value.device
+    backend = backend_of(value)
+    return None if backend is None else (backend, backend.device_of(value))
+
+
+def _placement_of_args(args: tuple[Any, ...]) -> Placement | None:
+    """Where every array or GPUScalar argument lives (None when there is none)."""
+    found: Placement | None = None
     for index, arg in enumerate(args):
-        if isinstance(arg, GPUScalar):
-            backend, where = arg.backend, arg.device
-        elif isinstance(arg, _NUMBERS):
+        if isinstance(arg, _NUMBERS):
             continue
-        else:
-            backend = backend_of(arg)
-            if backend is None:
-                raise TypeError(
-                    f"gs.capture: argument {index} is a {type(arg).__name__}; a captured step "
-                    "takes arrays, GPUScalars and numbers (close over anything else)"
-                )
-            where = backend.device_of(arg)
+        where = _where(arg)
+        if where is None:
+            raise TypeError(
+                f"gs.capture: argument {index} is a {type(arg).__name__}; a captured step "
+                "takes arrays, GPUScalars and numbers (close over anything else)"
+            )
         if found is None:
-            found, device = backend, where
-        elif backend is not found:
-            raise TypeError(f"gs.capture: argument {index} is a {backend.name} value but an "
-                            f"earlier one is {found.name}")
-        elif where != device:
-            raise ValueError(f"gs.capture: argument {index} is on device {where!r} but an "
-                             f"earlier one on {device!r}")
+            found = where
+        elif where[0] is not found[0]:
+            raise TypeError(f"gs.capture: argument {index} is a {where[0].name} value but an "
+                            f"earlier one is {found[0].name}")
+        elif where[1] != found[1]:
+            raise ValueError(f"gs.capture: argument {index} is on device {where[1]!r} but an "
+                             f"earlier one on {found[1]!r}")
+    return found
+
+
+def _placement_of_closure(fn: Callable[..., Any]) -> Placement | None:
+    """Where the arrays that a step without array arguments closes over live (the variables
+    it names directly; None when there are none or ``fn`` is not a Python function)."""
+    try:
+        variables = inspect.getclosurevars(fn)
+    except TypeError:  # a callable object or a partial: nothing to inspect
+        return None
+    except ValueError:  # a closure cell not yet assigned ("cell is empty")
+        return None
+    places: dict[Placement, str] = {}
+    for name, value in (*variables.nonlocals.items(), *variables.globals.items()):
+        where = _where(value)
+        if where is not None:
+            places.setdefault(where, name)
+    if len(places) > 1:  # a host array beside device arrays (a host copy, say): the device's
+        places = {where: name for where, name in places.items() if where[0] is not NUMPY} or places
+    if len(places) > 1:
+        found = ", ".join(f"{name!r} ({backend.name}, device {device!r})"
+                          for (backend, device), name in places.items())
+        raise TypeError(f"gs.capture: {getattr(fn, '__name__', 'fn')} uses arrays on different "
+                        f"backends or devices ({found}); pass the arrays it computes on as "
+                        "arguments")
+    return next(iter(places), None)
+
+
+def _placement(fn: Callable[..., Any], args: tuple[Any, ...]) -> Placement:
+    found = _placement_of_args(args) or _placement_of_closure(fn)
     if found is not None:
         return found
-    return default_backend()  # a step that closes over its arrays: the GPU when there is one
+    backend = default_backend()  # a step that reaches its arrays some other way
+    return backend, (backend.xp.cuda.Device().id if backend is CUPY else None)
+
+
+# ---- the guard ----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _guarded(backend: Backend) -> Iterator[None]:
-    """Every sync raises, the array library's own included; and no capture may nest."""
-    if _capturing.get(False):  # (a ContextVar, not a device read)
-        raise RuntimeError("gs.capture: a step is already being captured; captures cannot nest")
-    token = _capturing.set(True)
+def _guarded(backend: Backend, *, recording: bool) -> Iterator[None]:
+    """Every sync raises, the array library's own included. While ``recording`` (warm-up and
+    capture), another capture may not start inside."""
+    token = None
+    if recording:
+        if _capturing.get(False):  # (a ContextVar, not a device read)
+            raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
+                               "nest (a captured step may replay another one)")
+        token = _capturing.set(True)
     try:
         if backend is CUPY:  # CuPy's own syncs (float(x), x.get(), ...) through its hook
             library_syncs: Any = sync.count_syncs(include_cupy=True)
@@ -114,7 +171,8 @@ def _guarded(backend: Backend) -> Iterator[None]:
         with sync.sync_guard("error"), library_syncs:
             yield
     finally:
-        _capturing.reset(token)
+        if token is not None:
+            _capturing.reset(token)
 
 
 def _materialized(result: Any) -> Any:
@@ -142,7 +200,102 @@ def _fresh(backend: Backend, result: Any) -> Any:
     return result
 
 
-_CUBLAS_REFUSAL = "cuBLAS"
+def _while_raising(error: BaseException, cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` while ``error`` is on its way: a cleanup failure is attached to it as a
+    note, never raised in its place."""
+    try:
+        cleanup()
+    except Exception as failure:  # noqa: BLE001 - the user's error is the one to raise
+        if hasattr(error, "add_note"):  # Python >= 3.11
+            error.add_note(f"(gs.capture cleanup also failed: {type(failure).__name__}: "
+                           f"{failure})")
+
+
+# ---- what a recorded graph owns on the GPU ------------------------------------------------------
+
+
+class _GraphResources:
+    """A recorded step's graph, private stream (and the cuBLAS handle bound to it) and private
+    memory pool: released together, and never while a recording is under way (freeing device
+    memory or destroying a cuBLAS handle synchronizes, which would invalidate it)."""
+
+    __slots__ = ("device", "stream", "pool", "graph")
+
+    def __init__(self, device: object, stream: Any, pool: Any) -> None:
+        self.device, self.stream, self.pool, self.graph = device, stream, pool, None
+
+    def close(self) -> None:
+        stream, pool = self.stream, self.pool
+        self.graph = self.stream = self.pool = None  # a graph still running finishes first
+        if stream is None:
+            return
+        with CUPY.device_context(self.device):
+            # the last replay has finished before its memory is freed (a wait, not a value read:
+            # not CuPy's Device.synchronize, which declares a sync to a guard that may be on)
+            CUPY.xp.cuda.runtime.deviceSynchronize()
+            linalg.release_stream(stream.ptr)
+            pool.free_all_blocks()
+
+
+_release_lock = threading.RLock()  # re-entrant: a finalizer may run while this thread holds it
+_recordings = 0  # CuPy recordings under way in this process
+_deferred: list[_GraphResources] = []
+
+
+def _release(resources: _GraphResources) -> None:
+    """Release now, or when the recordings under way have ended."""
+    with _release_lock:
+        if _recordings:
+            _deferred.append(resources)
+        else:
+            resources.close()
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[None]:
+    global _recordings
+    with _release_lock:
+        _recordings += 1
+    try:
+        yield
+    finally:
+        with _release_lock:
+            _recordings -= 1
+            waiting = _deferred[:] if _recordings == 0 else []
+            del _deferred[: len(waiting)]
+        for resources in waiting:
+            try:
+                resources.close()
+            except Exception as failure:  # noqa: BLE001 - a finalizer's failure, reported
+                warnings.warn(f"gs.capture: releasing a captured step failed: {failure}",
+                              RuntimeWarning, stacklevel=3)
+
+
+def _end_abandoned(stream: Any) -> None:
+    """End ``stream``'s capture and destroy the partial graph, without instantiating it. An
+    invalidated capture reports an error here, and the stream has left capture mode anyway."""
+    runtime = CUPY.xp.cuda.runtime
+    graph = runtime.streamEndCapture(stream.ptr)
+    if graph:
+        runtime.graphDestroy(graph)
+
+
+def _record(stream: Any, body: Callable[[], Any]) -> tuple[Any, Any]:
+    """``body()`` recorded on ``stream``: (the graph, what body returned). On any error the
+    capture is ended and discarded and the error re-raised (CuPy's cuBLAS refusal pointing at
+    gs.matmul)."""
+    stream.begin_capture()
+    try:
+        result = body()
+    except BaseException as error:
+        _while_raising(error, lambda: _end_abandoned(stream))
+        if isinstance(error, NotImplementedError) and _CUBLAS_REFUSAL in str(error):
+            raise NotImplementedError(
+                f"{error}: CuPy cannot call cuBLAS while a graph is captured (x @ w, "
+                "cupy.matmul, cupy.dot ...); use gs.matmul(a, b, out=...) in a captured step"
+            ) from error
+        raise
+    return stream.end_capture(), result
 
 
 class CapturedStep:
@@ -156,79 +309,75 @@ class CapturedStep:
             raise TypeError(f"gs.capture: fn must be callable, got {type(fn).__name__}")
         self.warmup = _check_count(warmup, "warmup", 0)
         self.steps = _check_count(steps, "steps", 1)
-        self.backend = _backend_of_args(args)
+        self.backend, self.device = _placement(fn, args)
         self._fn, self._args = fn, args
-        self._graph: Any = None
         self._result: Any = None
+        self._resources: _GraphResources | None = None
         self._released = False
         if self.backend is CUPY:
             self._record_on_cupy()
         else:
-            with _guarded(self.backend):
+            with _guarded(self.backend, recording=True):
                 for _ in range(self.warmup):
                     fn(*args)
 
-    # ---- CuPy ------------------------------------------------------------------------------
+    def _run_recorded_steps(self) -> Any:
+        result = None
+        for _ in range(self.steps):
+            result = self._fn(*self._args)
+        return _materialized(result)
+
     def _record_on_cupy(self) -> None:
         cupy = CUPY.xp
-        if cupy.cuda.get_current_stream().is_capturing():
-            raise RuntimeError("gs.capture: the current stream is already capturing")
-        stream = cupy.cuda.Stream(non_blocking=True)
-        pool = cupy.cuda.MemoryPool()
-        self._stream, self._pool = stream, pool
-        # The step's inputs may still be being written on the current stream.
-        stream.wait_event(cupy.cuda.get_current_stream().record())
-        with stream, cupy.cuda.using_allocator(pool.malloc):
-            with _guarded(self.backend):
-                for _ in range(self.warmup):
-                    self._fn(*self._args)
-        stream.synchronize()  # warm-up finished (outside the guard: this wait is intended)
-        with stream, cupy.cuda.using_allocator(pool.malloc), _guarded(self.backend):
-            stream.begin_capture()
+        with CUPY.device_context(self.device):
+            current = cupy.cuda.get_current_stream()
+            if current.is_capturing():
+                raise RuntimeError("gs.capture: the current stream is already capturing")
+            resources = _GraphResources(self.device, cupy.cuda.Stream(non_blocking=True),
+                                        cupy.cuda.MemoryPool())
+            self._resources = resources
+            self._finalizer = weakref.finalize(self, _release, resources)
+            stream = resources.stream
             try:
-                for _ in range(self.steps):
-                    result = self._fn(*self._args)
-                result = _materialized(result)
-            except NotImplementedError as error:
-                stream.end_capture()  # discard the partial graph; the stream leaves capture
-                if _CUBLAS_REFUSAL in str(error):
-                    raise NotImplementedError(
-                        f"{error}: CuPy cannot call cuBLAS while a graph is captured (x @ w, "
-                        "cupy.matmul, cupy.dot ...); use gs.matmul(a, b, out=...) in a "
-                        "captured step"
-                    ) from error
+                # the step's inputs may still be being written on the current stream
+                stream.wait_event(current.record())
+                with stream, cupy.cuda.using_allocator(resources.pool.malloc):
+                    with _guarded(CUPY, recording=True):
+                        for _ in range(self.warmup):
+                            self._fn(*self._args)
+                    stream.synchronize()  # warm-up done (outside the guard: an intended wait)
+                    with _guarded(CUPY, recording=True), _recording():
+                        graph, result = _record(stream, self._run_recorded_steps)
+                graph.upload(stream)
+            except BaseException as error:
+                self._released = True
+                _while_raising(error, self._finalizer)  # stream, pool, cuBLAS handle: freed
                 raise
-            except BaseException:
-                stream.end_capture()
-                raise
-            graph = stream.end_capture()
-        graph.upload(stream)
-        self._graph, self._result = graph, result
-        self._finalizer = weakref.finalize(self, pool.free_all_blocks)
+        resources.graph, self._result = graph, result
 
-    # ---- replay ------------------------------------------------------------------------------
     def __call__(self) -> Any:
         """Replay the step: one graph launch (on NumPy, ``steps`` calls of fn under the sync
         guard, counted as one device op); returns the step's outputs."""
         if self._released:
             raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
         if self.backend is CUPY:
-            with sync.one_device_op():
-                self._graph.launch()  # on the current stream: ordered with the caller's work
+            graph = self._resources.graph  # type: ignore[union-attr]
+            with CUPY.device_context(self.device), sync.one_device_op():
+                graph.launch()  # on the current stream: ordered with the caller's work
             return _fresh(self.backend, self._result)
         result = None
-        with _guarded(self.backend), sync.one_device_op():
+        with _guarded(self.backend, recording=False), sync.one_device_op():
             for _ in range(self.steps):
                 result = self._fn(*self._args)
         return result
 
     def release(self) -> None:
-        """Free the graph and the step's private memory pool (its outputs' buffers included)."""
+        """Free the graph, the private stream and memory pool (temporaries; outputs you still
+        hold stay valid). A released step cannot be replayed."""
         self._released = True
-        self._graph = self._result = None
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
+        self._result = None
+        if self._resources is not None:
+            self._finalizer()
 
     @property
     def released(self) -> bool:
@@ -239,4 +388,3 @@ class CapturedStep:
         kind = "CUDA graph" if self.backend is CUPY else f"{self.backend.name}, re-run"
         return (f"<gpuscalar CapturedStep {getattr(self._fn, '__name__', 'fn')}: "
                 f"{self.steps} step(s), {kind}, {state}>")
-

@@ -3,10 +3,10 @@
 Why this module exists: a training step's matrix products are what stop it from being captured
 in a CUDA graph with CuPy (its cuBLAS calls refuse stream capture; see `gpuscalar.cublas`).
 ``gs.matmul(a, b, out=..., alpha=..., beta=...)`` computes ``alpha * (a @ b) + beta * out`` with
-cuBLAS called as capture requires (a handle of its own per device and thread, a fixed workspace,
-the current stream, alpha and beta read from device memory), so it can be recorded and replayed,
-and alpha/beta may be GPUScalars (or pending expressions) without a sync. On NumPy and the strict
-device it is ``np.matmul`` (one counted device op).
+cuBLAS called as capture requires (a handle of its own per device and stream, bound to that
+stream once, with a fixed workspace; alpha and beta read from device memory), so it can be
+recorded and replayed, and alpha/beta may be GPUScalars (or pending expressions) without a sync.
+On NumPy and the strict device it is ``np.matmul`` (one counted device op).
 
 Layouts: cuBLAS is column-major; a row-major ``C = A @ B`` is computed as ``Cᵀ = Bᵀ Aᵀ`` on the
 same buffers. An operand may be C-contiguous or a transposed (F-contiguous) view, and its rows may
@@ -18,6 +18,7 @@ strides alone, so it is tested on the CPU against NumPy.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from . import cublas, sync
 from .backend import CUPY, Backend, backend_of
 from .scalar import GPUScalar, _array_of, asscalar
 
-__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES"]
+__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "release_stream", "close_handles"]
 
 #: dtypes cuBLAS multiplies here (S and D routines)
 MATMUL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -65,20 +66,23 @@ def _matrix(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
             what: str) -> tuple[int, int]:
     """A row-major matrix's buffer as cuBLAS sees it: (op that gives back the matrix, ld)."""
     rows, cols = shape
-    row_stride, col_stride = (s // itemsize for s in strides)
     if any(s % itemsize for s in strides):
-        raise ValueError(f"{what} has strides {strides} that are not whole elements")
+        raise ValueError(f"gs.matmul: {what} has strides {strides} that are not whole elements")
+    row_stride, col_stride = (s // itemsize for s in strides)
+    if rows == 0 or cols == 0:  # nothing is read (NumPy's strides of an empty array vary)
+        return cublas.OP_T, max(cols, 1)
+    # a stride along an axis of length 1 is never used: read it as the contiguous one
     if col_stride == 1 or cols == 1:
         # row-major rows: as a column-major buffer this is the transpose, of leading dim ld
         ld = row_stride if rows > 1 else cols
-        if ld >= max(cols, 1):
-            return cublas.OP_T, max(ld, 1)
+        if ld >= cols:
+            return cublas.OP_T, ld
     if row_stride == 1 or rows == 1:
         ld = col_stride if cols > 1 else rows
-        if ld >= max(rows, 1):
-            return cublas.OP_N, max(ld, 1)
+        if ld >= rows:
+            return cublas.OP_N, ld
     raise ValueError(
-        f"{what} of shape {shape} has strides {strides}: gs.matmul needs rows or columns that "
+        f"gs.matmul: {what} of shape {shape} has strides {strides}: it needs rows or columns that "
         "are contiguous (a C-contiguous array, a transposed view, or strided rows); pass a "
         "contiguous copy (xp.ascontiguousarray)"
     )
@@ -115,19 +119,19 @@ def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[in
         raise ValueError(f"gs.matmul: a 1-D operand with a batch ({a_shape} @ {b_shape}) is not "
                          "supported; reshape the vector to a matrix")
     if len(a_shape) == 1 and len(b_shape) == 1:  # a dot product, as a 1 x k matrix times b
-        return (BlasCall("gemv", "a", transx=cublas.OP_N, m=1, n=k,
+        return (BlasCall("gemv", "a", transx=cublas.OP_N, m=1, n=k, k=k,
                          ldx=_step(a_shape, a_strides, itemsize),
                          incx=_step(b_shape, b_strides, itemsize), incy=1), ())
     if len(b_shape) == 1:  # y(m) = A(m x k) x
         op, ld = _matrix(a_shape, a_strides, itemsize, "a")
         rows, cols = (k, a_shape[0]) if op == cublas.OP_T else (a_shape[0], k)
-        return (BlasCall("gemv", "a", transx=op, m=rows, n=cols, ldx=ld,
+        return (BlasCall("gemv", "a", transx=op, m=rows, n=cols, k=k, ldx=ld,
                          incx=_step(b_shape, b_strides, itemsize), incy=1), (a_shape[0],))
     if len(a_shape) == 1:  # y(n) = x(k) B(k x n) = Bᵀ x
         op, ld = _matrix(b_shape, b_strides, itemsize, "b")
         flipped = cublas.OP_N if op == cublas.OP_T else cublas.OP_T
         rows, cols = (b_shape[1], k) if flipped == cublas.OP_N else (k, b_shape[1])
-        return (BlasCall("gemv", "b", transx=flipped, m=rows, n=cols, ldx=ld,
+        return (BlasCall("gemv", "b", transx=flipped, m=rows, n=cols, k=k, ldx=ld,
                          incx=_step(a_shape, a_strides, itemsize), incy=1), (b_shape[1],))
     batch_a = a_shape[0] if len(a_shape) == 3 else 1
     batch_b = b_shape[0] if len(b_shape) == 3 else 1
@@ -141,14 +145,18 @@ def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[in
     transx = cublas.OP_N if opx == cublas.OP_T else cublas.OP_T
     transy = cublas.OP_N if opy == cublas.OP_T else cublas.OP_T
     call = BlasCall("gemm", "b", transx=transx, transy=transy, m=n, n=m, k=k, ldx=ldx,
-                    ldy=ldy, ldc=n)
+                    ldy=ldy, ldc=max(n, 1))
     if len(a_shape) == 2 and len(b_shape) == 2:
         return call, (m, n)
     batch = max(batch_a, batch_b)
+    for shape, strides, what in ((a_shape, a_strides, "a"), (b_shape, b_strides, "b")):
+        if len(shape) == 3 and shape[0] > 1 and strides[0] < 0:
+            raise ValueError(f"gs.matmul: {what} steps backwards through its batch (stride "
+                             f"{strides[0]}); pass a contiguous copy")
     stride_b = b_strides[0] // itemsize if len(b_shape) == 3 and batch_b > 1 else 0
     stride_a = a_strides[0] // itemsize if len(a_shape) == 3 and batch_a > 1 else 0
     return (BlasCall("gemm_batched", "b", transx=transx, transy=transy, m=n, n=m, k=k,
-                     ldx=ldx, ldy=ldy, ldc=n, stridex=stride_b, stridey=stride_a,
+                     ldx=ldx, ldy=ldy, ldc=max(n, 1), stridex=stride_b, stridey=stride_a,
                      stridec=m * n, batch=batch), (batch, m, n))
 
 
@@ -170,7 +178,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
     if beta is not None and out is None:
         raise ValueError("gs.matmul: beta scales out, so it needs out=")
     if out is not None:
-        _check_out(out, backend, a, shape, dtype)
+        _check_out(out, backend, a, b, shape, dtype)
     device = backend.device_of(a)
     alpha_scalar = _coefficient(alpha, 1.0, "alpha", backend, device, dtype, a)
     beta_scalar = _coefficient(beta, 0.0, "beta", backend, device, dtype, a)
@@ -178,10 +186,28 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
         return backend.call(_matmul_on_host, backend, a, b, out, alpha_scalar, beta_scalar)
     if backend is not CUPY:
         raise TypeError(f"gs.matmul does not support the {backend.name} backend")
+    if call.k == 0 or 0 in shape:  # cuBLAS may return early without writing the output
+        return _empty_sum(backend, device, shape, dtype, out, None if beta is None else
+                          beta_scalar)
     if out is None:
         with backend.device_context(device):
             out = backend.xp.empty(shape, dtype=dtype)
     _launch(backend, call, a, b, out, alpha_scalar, beta_scalar)
+    return out
+
+
+def _empty_sum(backend: Backend, device: object, shape: tuple[int, ...], dtype: np.dtype,
+               out: Any, beta: Any) -> Any:
+    """A product with nothing to sum (``k == 0``) or nothing to write: zeros, or beta * out."""
+    xp = backend.xp
+    with backend.device_context(device):
+        if out is None:
+            return backend.call(xp.zeros, shape, dtype=dtype)
+        if out.size:
+            if beta is None:
+                backend.call(out.fill, 0)
+            else:
+                backend.call(xp.multiply, out, beta, out=out)
     return out
 
 
@@ -204,7 +230,7 @@ def _check_operands(a: Any, b: Any) -> Backend:
     return backend
 
 
-def _check_out(out: Any, backend: Backend, a: Any, shape: tuple[int, ...],
+def _check_out(out: Any, backend: Backend, a: Any, b: Any, shape: tuple[int, ...],
                dtype: np.dtype) -> None:
     if backend_of(out) is not backend:
         raise TypeError(f"gs.matmul: out must be a {backend.name} array, got "
@@ -217,6 +243,28 @@ def _check_out(out: Any, backend: Backend, a: Any, shape: tuple[int, ...],
     if backend.multi_device and backend.device_of(out) != backend.device_of(a):
         raise ValueError(f"gs.matmul: out is on device {backend.device_of(out)!r} but a on "
                          f"{backend.device_of(a)!r}")
+    for operand, what in ((a, "a"), (b, "b")):
+        if _overlaps(backend, out, operand):
+            raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would read it "
+                             "while writing it); pass a separate out")
+
+
+def _extent(backend: Backend, array: Any) -> tuple[int, int]:
+    """The byte range an array's elements occupy (empty for an empty array)."""
+    if array.size == 0:
+        return (0, 0)
+    start = end = backend.data_address(array)
+    for length, stride in zip(array.shape, array.strides, strict=True):
+        if stride < 0:
+            start += (length - 1) * stride
+        else:
+            end += (length - 1) * stride
+    return start, end + array.itemsize
+
+
+def _overlaps(backend: Backend, x: Any, y: Any) -> bool:
+    (x0, x1), (y0, y1) = _extent(backend, x), _extent(backend, y)
+    return x0 < x1 and y0 < y1 and x0 < y1 and y0 < x1
 
 
 def _coefficient(value: Any, default: float, what: str, backend: Backend, device: object,
@@ -244,24 +292,29 @@ def _coefficient(value: Any, default: float, what: str, backend: Backend, device
 
 
 _constants_lock = threading.Lock()
-#: (device, dtype, value) -> a 0-d device array: a Python alpha/beta, uploaded once and kept
-_CONSTANTS: dict[tuple[Any, np.dtype, float], Any] = {}
+#: (device, dtype, the value's bits) -> a 0-d device array: a Python alpha/beta, made once, kept
+_CONSTANTS: dict[tuple[Any, np.dtype, str], Any] = {}
 
 
 def _device_constant(backend: Backend, device: object, dtype: np.dtype, value: float) -> Any:
-    """A 0-d device array holding ``value``, made once from the default memory pool (never
-    from a captured step's private pool: it must outlive any capture). In a captured step a
-    Python number is baked into the graph, as every Python number is."""
-    key = (device, dtype, value)
-    with _constants_lock:
-        found = _CONSTANTS.get(key)
-        if found is None:
-            xp = backend.xp
-            with backend.device_context(device), xp.cuda.using_allocator(
-                xp.get_default_memory_pool().malloc
-            ):
-                found = _CONSTANTS[key] = backend.call(xp.full, (), value, dtype=dtype)
-        return found
+    """A 0-d device array holding ``value``, made once and kept. It is written on a stream of
+    its own and waited for, from the default memory pool: made during a capture, it must hold
+    its value at once (not at the first replay) and outlive the step. In a captured step the
+    Python number is baked into the graph, as every Python number is. Not counted as a device
+    op: a one-time upload, like compiling a kernel."""
+    key = (device, dtype, value.hex())  # by bits: -0.0 and nan are keys like any other
+    found = _CONSTANTS.get(key)
+    if found is None:
+        xp = backend.xp
+        with _constants_lock, backend.device_context(device):
+            found = _CONSTANTS.get(key)
+            if found is None:
+                side = xp.cuda.Stream(non_blocking=True)
+                with side, xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+                    found = xp.full((), value, dtype=dtype)
+                side.synchronize()  # (a wait for an upload, not a value read)
+                _CONSTANTS[key] = found
+    return found
 
 
 def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
@@ -284,22 +337,49 @@ def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta
 
 # ---- CuPy: the cuBLAS call --------------------------------------------------------------------
 
-_handles = threading.local()
+_handles_lock = threading.Lock()
+#: (device, stream pointer) -> gpuscalar's cuBLAS handle bound to that stream
+_HANDLES: dict[tuple[object, int], cublas.Handle] = {}
 
 
-def _handle(backend: Backend, device: object) -> cublas.Handle:
-    """This thread's cuBLAS handle for ``device`` (its workspace from the default pool)."""
-    handles = getattr(_handles, "by_device", None)
-    if handles is None:
-        handles = _handles.by_device = {}
-    handle = handles.get(device)
+def _handle(backend: Backend, device: object, stream_ptr: int) -> cublas.Handle:
+    """The cuBLAS handle for ``stream_ptr`` on ``device`` (the current device), made on first
+    use. One per stream: work on two streams never shares a workspace."""
+    key = (device, stream_ptr)
+    handle = _HANDLES.get(key)
     if handle is None:
         xp = backend.xp
-        with backend.device_context(device), xp.cuda.using_allocator(
-            xp.get_default_memory_pool().malloc
-        ):
-            handle = handles[device] = cublas.Handle(lambda n: xp.empty(n, dtype=np.uint8))
+        with _handles_lock:
+            handle = _HANDLES.get(key)
+            if handle is None:
+                if not _HANDLES:
+                    atexit.register(close_handles)
+                # the workspace straight from CUDA, not a memory pool: a pool would keep it,
+                # once freed, for the stream it was allocated on (which may be gone by then)
+                handle = cublas.Handle(xp.cuda.Memory, stream_ptr)
+                _HANDLES[key] = handle
     return handle
+
+
+def release_stream(stream_ptr: int) -> None:
+    """Destroy the handles bound to ``stream_ptr`` (its stream is going away; a captured step
+    calls this when it is released). cuBLAS waits for the device first."""
+    with _handles_lock:
+        doomed = [_HANDLES.pop(key) for key in [k for k in _HANDLES if k[1] == stream_ptr]]
+    for handle in doomed:
+        handle.close()
+
+
+def close_handles() -> None:
+    """Destroy every cuBLAS handle gpuscalar made (registered to run at exit)."""
+    with _handles_lock:
+        doomed = list(_HANDLES.values())
+        _HANDLES.clear()
+    for handle in doomed:
+        try:
+            handle.close()
+        except cublas.CublasError:  # at exit the driver may be gone first: nothing to free
+            pass
 
 
 def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: Any,
@@ -307,23 +387,23 @@ def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: A
     xp = backend.xp
     device = backend.device_of(a)
     with backend.device_context(device):
-        stream = xp.cuda.get_current_stream().ptr
-        handle = _handle(backend, device).prepare(stream)
+        handle = _handle(backend, device, xp.cuda.get_current_stream().ptr)
         letter = "S" if a.dtype == np.float32 else "D"
         x, y = (b, a) if call.x_is == "b" else (a, b)
-        pointers = (alpha.data.ptr, beta.data.ptr)
+        alpha_ptr, beta_ptr = alpha.data.ptr, beta.data.ptr
         sync.note_device_op()  # one cuBLAS launch
-        if call.routine == "gemm":
-            cublas.call(f"cublas{letter}gemm_v2", handle, call.transx, call.transy, call.m,
-                        call.n, call.k, pointers[0], x.data.ptr, call.ldx, y.data.ptr,
-                        call.ldy, pointers[1], out.data.ptr, call.ldc)
-        elif call.routine == "gemm_batched":
-            cublas.call(f"cublas{letter}gemmStridedBatched", handle, call.transx, call.transy,
-                        call.m, call.n, call.k, pointers[0], x.data.ptr, call.ldx, call.stridex,
-                        y.data.ptr, call.ldy, call.stridey, pointers[1], out.data.ptr,
-                        call.ldc, call.stridec, call.batch)
-        else:
-            vector = b if call.x_is == "a" else a
-            cublas.call(f"cublas{letter}gemv_v2", handle, call.transx, call.m, call.n,
-                        pointers[0], x.data.ptr, call.ldx, vector.data.ptr, call.incx,
-                        pointers[1], out.data.ptr, call.incy)
+        with handle.lock:
+            if call.routine == "gemm":
+                cublas.call(f"cublas{letter}gemm_v2", handle.value, call.transx, call.transy,
+                            call.m, call.n, call.k, alpha_ptr, x.data.ptr, call.ldx,
+                            y.data.ptr, call.ldy, beta_ptr, out.data.ptr, call.ldc)
+            elif call.routine == "gemm_batched":
+                cublas.call(f"cublas{letter}gemmStridedBatched", handle.value, call.transx,
+                            call.transy, call.m, call.n, call.k, alpha_ptr, x.data.ptr,
+                            call.ldx, call.stridex, y.data.ptr, call.ldy, call.stridey,
+                            beta_ptr, out.data.ptr, call.ldc, call.stridec, call.batch)
+            else:
+                vector = b if call.x_is == "a" else a
+                cublas.call(f"cublas{letter}gemv_v2", handle.value, call.transx, call.m,
+                            call.n, alpha_ptr, x.data.ptr, call.ldx, vector.data.ptr,
+                            call.incx, beta_ptr, out.data.ptr, call.incy)

@@ -56,10 +56,25 @@ def test_a_handle_that_cannot_be_made_leaves_nothing_behind(library):
         pytest.skip("a GPU is present: the handle is made (covered by gs.matmul's tests)")
     allocated = []
     with pytest.raises(cublas.CublasError):
-        cublas.Handle(allocated.append)
+        cublas.Handle(allocated.append, 0)
     assert allocated == []  # the workspace is only allocated once cuBLAS has a handle
 
 
 def test_every_status_has_a_name():
     assert cublas.STATUS_NAMES[0] == "CUBLAS_STATUS_SUCCESS"
     assert all(name.startswith("CUBLAS_STATUS_") for name in cublas.STATUS_NAMES.values())
+
+
+def test_the_library_matches_cupys_cuda_version(library):
+    path = cublas._find()
+    major = cublas._cuda_major()
+    assert major is None or cublas._major_of(path) in (major, None)
+    if major is not None:
+        assert cublas.version()[0] == major
+
+
+@pytest.mark.parametrize(("name", "major"), [("/x/libcublas.so.12", 12),
+                                             ("libcublas.so.13.1.0.3", 13),
+                                             ("/usr/lib/libcublas.so", None)])
+def test_the_cuda_major_of_a_library_file(name, major):
+    assert cublas._major_of(name) == major

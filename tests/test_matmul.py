@@ -190,3 +190,58 @@ def test_bad_input_names_what_is_wrong(case, error, match):
         kwargs = {"alpha": "2"}
     with pytest.raises(error, match=match):
         gs.matmul(a, b, **kwargs)
+
+
+# ---- edge shapes, overlap, and the handle registry ----------------------------------------------
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((0, 3), (3, 2)), ((2, 0), (0, 3)),
+                                                  ((2, 3), (3, 0)), ((0,), (0,)), ((2, 0), (0,)),
+                                                  ((0,), (0, 4)), ((2, 0, 3), (3, 4))])
+def test_empty_operands_plan_valid_calls_and_match_numpy(xp, a_shape, b_shape):
+    a, b = np.ones(a_shape), np.ones(b_shape)
+    call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, 8)
+    assert shape == np.matmul(a, b).shape and call.k == a_shape[-1]
+    assert min(call.ldx, call.ldc or 1, call.ldy or 1) >= 1  # cuBLAS refuses ld < 1
+    result = gs.matmul(xp.asarray(a), xp.asarray(b))
+    assert host(result).tolist() == np.matmul(a, b).tolist()  # k == 0: zeros
+
+
+def test_out_may_not_overlap_an_operand(xp):
+    a = xp.ones((3, 3))
+    with pytest.raises(ValueError, match="out overlaps a in memory"):
+        gs.matmul(a, xp.ones((3, 3)), out=a)
+    buffer = xp.ones((4, 3))
+    with pytest.raises(ValueError, match="out overlaps b in memory"):
+        gs.matmul(xp.ones((3, 3)), buffer[:3], out=buffer[1:])
+    separate = xp.zeros((3, 3))
+    gs.matmul(buffer[:3], xp.ones((3, 3)), out=separate)  # disjoint views of one buffer: fine
+    assert host(separate).tolist() == [[3.0] * 3] * 3
+
+
+def test_a_batch_walked_backwards_is_refused():
+    a = np.ones((3, 2, 2))[::-1]
+    with pytest.raises(ValueError, match="steps backwards through its batch"):
+        linalg.plan(a.shape, a.strides, (2, 2), (16, 8), 8)
+
+
+class _FakeHandle:
+    def __init__(self, fail=False):
+        self.closed, self.fail = False, fail
+
+    def close(self):
+        self.closed = True
+        if self.fail:
+            raise cublas.CublasError("cublasDestroy_v2 failed: CUBLAS_STATUS_NOT_INITIALIZED")
+
+
+def test_releasing_a_stream_destroys_only_its_handles(monkeypatch):
+    handles = {(0, 111): _FakeHandle(), (1, 111): _FakeHandle(), (0, 222): _FakeHandle()}
+    monkeypatch.setattr(linalg, "_HANDLES", dict(handles))
+    linalg.release_stream(111)
+    assert [h.closed for h in handles.values()] == [True, True, False]
+    assert list(linalg._HANDLES) == [(0, 222)]
+    failing = _FakeHandle(fail=True)
+    linalg._HANDLES[(0, 333)] = failing
+    linalg.close_handles()  # at exit: every handle, a failure does not stop the others
+    assert failing.closed and handles[(0, 222)].closed and linalg._HANDLES == {}
