@@ -323,9 +323,10 @@ class CapturedStep:
 
     def _run_recorded_steps(self) -> Any:
         result = None
-        for _ in range(self.steps):
-            result = self._fn(*self._args)
-        return _materialized(result)
+        with sync.graph_body():
+            for _ in range(self.steps):
+                result = self._fn(*self._args)
+            return _materialized(result)
 
     def _record_on_cupy(self) -> None:
         cupy = CUPY.xp
@@ -360,13 +361,14 @@ class CapturedStep:
         guard, counted as one device op); returns the step's outputs."""
         if self._released:
             raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
+        sync.note_graph_replay()
         if self.backend is CUPY:
             graph = self._resources.graph  # type: ignore[union-attr]
             with CUPY.device_context(self.device), sync.one_device_op():
                 graph.launch()  # on the current stream: ordered with the caller's work
             return _fresh(self.backend, self._result)
         result = None
-        with _guarded(self.backend, recording=False), sync.one_device_op():
+        with _guarded(self.backend, recording=False), sync.one_device_op(), sync.graph_body():
             for _ in range(self.steps):
                 result = self._fn(*self._args)
         return result

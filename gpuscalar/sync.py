@@ -54,6 +54,10 @@ __all__ = [
     "note_device_op",
     "one_device_op",
     "inside_device_op",
+    "graph_body",
+    "in_graph_body",
+    "graph_replays",
+    "note_graph_replay",
     "declare_library_sync",
     "caller_site",
 ]
@@ -355,6 +359,47 @@ class one_device_op:  # noqa: N801 - used like a function: ``with one_device_op(
 def inside_device_op() -> bool:
     """Whether the caller runs inside a counted device operation (`one_device_op`)."""
     return _op_depth.get() > 0
+
+
+# ---- graph bodies: code that runs without the host ----------------------------------------------
+
+_in_graph_body: ContextVar[bool] = ContextVar("gpuscalar_in_graph_body", default=False)
+_replays_lock = threading.Lock()
+_replays = 0
+
+
+@contextlib.contextmanager
+def graph_body() -> Iterator[None]:
+    """Mark the block as the body of a captured step: being recorded into a CUDA graph (CuPy),
+    or re-run as a replay (NumPy, the strict device). No host-to-device copy can happen there:
+    CuPy refuses one while its stream captures, and a recorded copy would read host memory that
+    is gone by the time the graph replays. Code that would upload must take a device-only path
+    (values passed as kernel arguments, which the graph keeps), and the strict device refuses
+    uploads here as CuPy does, so CPU tests see the GPU's rule."""
+    token = _in_graph_body.set(True)
+    try:
+        yield
+    finally:
+        _in_graph_body.reset(token)
+
+
+def in_graph_body() -> bool:
+    """Whether the caller runs inside `graph_body` (a step being recorded or replayed)."""
+    return _in_graph_body.get()
+
+
+def note_graph_replay() -> None:
+    """Count one replay of a captured step (called by `CapturedStep.__call__`)."""
+    global _replays
+    with _replays_lock:
+        _replays += 1
+
+
+def graph_replays() -> int:
+    """Replays of captured steps in this process so far. A replay on a GPU rewrites device
+    buffers without running any Python, so a Python-side cache of what a device buffer holds
+    (an optimizer's table of gradient addresses) is stale once this number has moved."""
+    return _replays
 
 
 def _check_guard_and_record(reason: str, cupy_only: bool) -> None:

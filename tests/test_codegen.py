@@ -171,10 +171,17 @@ def test_fused_array_kernel_computes_the_scalar_once_per_thread(nvrtc):
     nv.compile_source(nvrtc, nv.join_sources([spec]), "fused.cu", nv.cupy_options())
 
 
-@pytest.mark.parametrize("ufunc_name", ["add", "subtract", "multiply", "true_divide", "power",
-                                        "less", "maximum", "arctan2", "divmod"])
-@pytest.mark.parametrize("array_dtype", ["float16", "float32", "float64", "int32", "complex64",
-                                         "bool"])
+#: Ufuncs with no complex loop in NumPy or CuPy: there is no fused kernel to compile.
+REAL_ONLY_UFUNCS = {"arctan2", "divmod"}
+
+
+@pytest.mark.parametrize(("ufunc_name", "array_dtype"), [
+    (ufunc_name, array_dtype)
+    for ufunc_name in ["add", "subtract", "multiply", "true_divide", "power", "less", "maximum",
+                       "arctan2", "divmod"]
+    for array_dtype in ["float16", "float32", "float64", "int32", "complex64", "bool"]
+    if not (ufunc_name in REAL_ONLY_UFUNCS and array_dtype == "complex64")
+])
 def test_fused_array_kernels_compile(nvrtc, ufunc_name, array_dtype):
     array_dtype = np.dtype(array_dtype)
     pending = (gs.asscalar(2.5) * 3 + 1)._node
@@ -197,8 +204,7 @@ def test_fused_array_kernels_compile(nvrtc, ufunc_name, array_dtype):
             continue  # CuPy itself has no loop for these dtypes (eager raises too)
         specs.append(codegen.fused_spec(ufunc_name, routine, described,
                                         tuple(routine.out_types)))
-    if not specs:
-        pytest.skip(f"CuPy has no {ufunc_name} loop for {array_dtype}")
+    assert specs, f"no {ufunc_name} kernel for {array_dtype} was generated"
     nv.compile_source(nvrtc, nv.join_sources(specs), "fused.cu", nv.cupy_options())
 
 
