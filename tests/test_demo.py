@@ -16,17 +16,52 @@ from gpuscalar.backend import NUMPY
 
 @pytest.mark.parametrize("backend", [NUMPY, strict.STRICT], ids=["numpy", "strict"])
 def test_demo_paths_agree_and_gpuscalar_reads_only_what_it_prints(backend):
-    results = demo.run(backend, steps=30, repeats=3)
-    assert results["float"]["syncs"] == 30  # one float(loss) per step
+    results = demo.run(backend, steps=33, repeats=3)
+    assert results["float"]["syncs"] == 33  # one float(loss) per step
     assert results["gpuscalar"]["syncs"] == 2  # the two printed values
+    assert results["gpuscalar + capture"]["syncs"] == 2
     assert results["max_weight_difference"] == 0.0
-    assert np.isclose(results["float"]["best"], results["gpuscalar"]["best"])
-    for name in ("float", "gpuscalar"):
+    for name in demo.PATHS:
+        assert results[name]["max_weight_difference"] == 0.0
+        assert results[name]["best"] == results["float"]["best"]
+        assert np.isclose(results[name]["mean"], results["float"]["mean"], rtol=1e-12)
         times = results[name]["times"]
         assert len(times) == 3 and results[name]["seconds"] == sorted(times)[1]  # the median
 
 
-def test_demo_warms_up_both_paths_before_timing(monkeypatch):
+def test_demo_counts_launches_as_a_gpu_sees_them():
+    """Counted on the strict device: the gpuscalar path launches what the float path launches,
+    and the captured path's 3 chunks of 10 steps are one launch each (the 3 leftover steps, the
+    warm-up step and the set-up run eagerly)."""
+    results = demo.run(NUMPY, steps=33, repeats=1)
+    float_ops = results["float"]["device_ops"]
+    eager_step_ops = 8  # x @ w, - y, square, mean, x.T @ r, scale, lr * grad, w -=
+    inputs_ops = 3  # x, y uploaded, w made
+    assert float_ops == inputs_ops + 33 * eager_step_ops
+    # per step the same 8 launches (the scalar work is fused into them), plus 3 device scalars
+    # made before the loop and the 2 evaluations read at the end
+    assert results["gpuscalar"]["device_ops"] == float_ops + 3 + 2
+    captured = results["gpuscalar + capture"]["device_ops"]
+    assert captured < results["gpuscalar"]["device_ops"] / 4
+    with gs.count_syncs() as counter:
+        demo.capture_path(strict.xp, 30)
+    assert counter.count == 2
+
+
+def test_capture_path_uses_one_graph_of_ten_steps_per_replay(monkeypatch):
+    made = []
+    real_capture = gs.capture
+
+    def spy(fn, *args, **kwargs):
+        made.append(kwargs)
+        return real_capture(fn, *args, **kwargs)
+
+    monkeypatch.setattr(gs, "capture", spy)
+    demo.capture_path(NUMPY.xp, 25)
+    assert made == [{"warmup": 1, "steps": demo.CHUNK}]
+
+
+def test_demo_warms_up_every_path_before_timing(monkeypatch):
     calls: list[str] = []
     timed: list[bool] = []
 
@@ -40,10 +75,10 @@ def test_demo_warms_up_both_paths_before_timing(monkeypatch):
     real_timed = demo._timed
     monkeypatch.setattr(demo, "_timed", lambda *a: timed.append(True) or real_timed(*a))
     demo.run(NUMPY, steps=3, repeats=2)
-    # counted run of each, then one warm-up of each, then the timed runs of each
-    assert calls == ["float", "gpuscalar", "float", "gpuscalar", "float", "float",
-                     "gpuscalar", "gpuscalar"]
-    assert len(timed) == 2 + 2 * 2
+    names = list(demo.PATHS)
+    # a counted run of each, then one warm-up of each, then the timed runs of each
+    assert calls == names + names + [n for n in names for _ in range(2)]
+    assert len(timed) == 3 * 2
 
 
 def test_demo_rejects_a_bad_repeat_count():
@@ -57,8 +92,9 @@ def test_demo_cli_prints_the_table(capsys):
     assert "float" in out and "gpuscalar" in out
     assert "median of 5 runs of each path, after 1 untimed warm-up run" in out
     rows = [line.split() for line in out.splitlines()]
-    rows = [r for r in rows if len(r) == 3 and r[0] in ("float", "gpuscalar") and r[1].isdigit()]
-    assert [(r[0], int(r[1])) for r in rows] == [("float", 12), ("gpuscalar", 2)]
+    rows = [r for r in rows if r and r[0] in ("float", "gpuscalar") and r[-3].isdigit()]
+    assert [(" ".join(r[:-3]), int(r[-3])) for r in rows] == [
+        ("float", 12), ("gpuscalar", 2), ("gpuscalar + capture", 2)]
 
 
 def test_demo_runs_on_the_strict_device(capsys):
@@ -94,4 +130,5 @@ def test_python_dash_m_runs_the_demo():
     result = subprocess.run([sys.executable, "-m", "gpuscalar", "demo", "--steps", "5"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "max |w_float - w_gpuscalar|" in result.stdout
+    assert "max |w_float - w_gpuscalar| = 0.00e+00" in result.stdout
+    assert "max |w_float - w_gpuscalar+capture| = 0.00e+00" in result.stdout
