@@ -565,3 +565,46 @@ def test_one_device_op_counts_its_block_once_and_nests():
             gs.sum(x)  # suppressed, and the block itself is not counted
         gs.sum(x)
     assert counter.device_ops == 2 and not sync.inside_device_op()
+
+
+def test_graph_body_marks_the_block_and_restores_on_exit():
+    assert not sync.in_graph_body()
+    with sync.graph_body():
+        assert sync.in_graph_body()
+        with sync.graph_body():
+            assert sync.in_graph_body()
+        assert sync.in_graph_body()
+    assert not sync.in_graph_body()
+    with pytest.raises(KeyError):
+        with sync.graph_body():
+            raise KeyError("inside")
+    assert not sync.in_graph_body()
+
+
+def test_graph_body_is_per_thread():
+    seen = []
+    with sync.graph_body():
+        worker = threading.Thread(target=lambda: seen.append(sync.in_graph_body()))
+        worker.start()
+        worker.join()
+    assert seen == [False]
+
+
+def test_a_captured_step_runs_its_body_as_a_graph_body_and_counts_replays(xp):
+    x = xp.zeros(3)
+    inside: list[bool] = []
+
+    def step(x):
+        inside.append(sync.in_graph_body())
+        x += 1.0
+
+    replay = gs.capture(step, x, warmup=2, steps=3)  # warm-up: eager, not a graph body
+    before = sync.graph_replays()
+    replay()
+    replay()
+    assert sync.graph_replays() == before + 2
+    if xp.__name__ != "cupy":  # on a GPU the body runs once, while it is recorded
+        assert inside == [False, False] + [True] * 6
+    else:
+        assert inside == [False, False, True, True, True]
+    replay.release()
