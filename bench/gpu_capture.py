@@ -10,13 +10,18 @@ and sees CUDA; PyTorch is not a dependency):
 
 - float: ``total += float(loss)`` every step (a sync per step);
 - eager: the loss kept on the device, no sync until the end;
+- eager gs.matmul (CuPy only): the eager loop with the products of the graph (``gs.matmul``:
+  cuBLAS gemv), the graph's exact reference;
 - graph: ``--chunk`` steps recorded once (`gs.capture`; PyTorch: ``torch.cuda.graph``) and
   replayed ``steps / chunk`` times.
 
 Each version runs once untimed (compilation, first cuBLAS calls), then ``--repeats`` timed runs;
 the median is reported, each run ending with one read of the total (so queued work is timed).
-The weights of every version are compared with CuPy's eager weights. Without a GPU this script
-says so and exits 0.
+The weights of every version are compared with CuPy's eager weights (a difference of rounding
+only: CuPy's ``@`` is another cuBLAS routine than gs.matmul's gemv), and each graph bitwise with
+the eager run of the same kernels (CuPy's graph with "cupy eager gs.matmul", PyTorch's with
+"torch eager"): "results identical to eager" is that comparison, in the JSON under
+``identical_to_eager``. Without a GPU this script says so and exits 0.
 """
 
 from __future__ import annotations
@@ -108,9 +113,15 @@ def cupy_versions(xp: Any, steps: int, chunk: int) -> dict[str, Version]:
 
         return run
 
+    def eager_gs_matmul() -> tuple[Any, float]:
+        w, total = zeros((D,)), zeros(())
+        for _ in range(steps):
+            train_step(x, y, w, total, gs.matmul)  # the graph's kernels, run eagerly
+        return w, float(gs.GPUScalar(total))
+
     paths = _float_and_eager(x, y, zeros, steps)
     return {"cupy float": lambda: paths["float"], "cupy eager": lambda: paths["eager"],
-            "cupy graph": prepare_graph}
+            "cupy eager gs.matmul": lambda: eager_gs_matmul, "cupy graph": prepare_graph}
 
 
 def torch_versions(torch: Any, steps: int, chunk: int) -> dict[str, Version]:
@@ -184,16 +195,42 @@ def measure(steps: int, chunk: int, repeats: int) -> dict[str, Any]:
         row["max_weight_difference_vs_cupy_eager"] = float(np.max(np.abs(weights[name] -
                                                                           reference)))
         row["speedup_vs_cupy_float"] = rows["cupy float"]["median_ms"] / row["median_ms"]
+    totals = {name: row["total"] for name, row in rows.items()}
     return {"steps": steps, "chunk": chunk, "repeats": repeats, "n": N, "d": D,
-            "device": gs.backend.describe(gs.get_backend("cupy")), "versions": rows}
+            "device": gs.backend.describe(gs.get_backend("cupy")), "versions": rows,
+            "identical_to_eager": identical_to_eager(weights, totals)}
+
+
+#: each graph and the eager run of the same kernels it must equal bit for bit
+GRAPH_REFERENCES = {"cupy graph": "cupy eager gs.matmul", "torch graph": "torch eager"}
+
+
+def identical_to_eager(weights: dict[str, np.ndarray],
+                       totals: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """For each graph measured, whether its weights and total equal (``==``, bit for bit) those
+    of the eager run of the same kernels."""
+    found = {}
+    for graph, eager in GRAPH_REFERENCES.items():
+        if graph in weights and eager in weights:
+            same_weights = bool(np.array_equal(weights[graph], weights[eager]))
+            found[graph] = {"reference": eager, "weights_bitwise_equal": same_weights,
+                            "total_equal": totals[graph] == totals[eager],
+                            "max_weight_difference": float(np.max(np.abs(weights[graph] -
+                                                                         weights[eager])))}
+    return found
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'version':<13} {'median':>10} {'vs cupy float':>14} {'max |w - w_eager|':>18}"]
+    lines = [f"{'version':<21} {'median':>10} {'vs cupy float':>14} {'max |w - w_eager|':>18}"]
     for name, row in result["versions"].items():
-        lines.append(f"{name:<13} {row['median_ms']:>8.1f}ms "
+        lines.append(f"{name:<21} {row['median_ms']:>8.1f}ms "
                      f"{row['speedup_vs_cupy_float']:>13.1f}x "
                      f"{row['max_weight_difference_vs_cupy_eager']:>18.2e}")
+    for graph, check in result.get("identical_to_eager", {}).items():
+        verdict = ("identical" if check["weights_bitwise_equal"] and check["total_equal"]
+                   else f"NOT identical (max |w diff| {check['max_weight_difference']:.2e}, "
+                        f"totals equal: {check['total_equal']})")
+        lines.append(f"{graph} vs {check['reference']} (same kernels, eager): {verdict}")
     return "\n".join(lines)
 
 

@@ -89,24 +89,27 @@ def pytest_counts(output: str) -> dict[str, int]:
 _THIS = str(Path(__file__).resolve())
 
 #: In running order: the measurements first, then the test suite with all the time left (at
-#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more).
+#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more). The budgets (210 s
+#: in all) favour the sections that compile many kernels cold (NVRTC: fused Adam and the
+#: optimizer table) and import PyTorch (the capture comparison, seven versions of the loop);
+#: the overhead and demo sections run a few thousand small ops.
 SECTIONS: tuple[Section, ...] = (
     Section("environment", "Environment",
             _python(_THIS, "--section", "environment", "--json", "{json}"), 20, True),
     Section("syncs", "Sync table of each workload's gpuscalar path (CuPy, include_cupy=True)",
-            _python(_THIS, "--section", "syncs", "--json", "{json}"), 30, True),
+            _python(_THIS, "--section", "syncs", "--json", "{json}"), 25, True),
     Section("bench", "gpuscalar bench --backend cupy",
             _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 50,
             True),
     Section("adam", "Fused Adam bandwidth and the optimizer table (bench/gpu_adam.py)",
-            _python("bench/gpu_adam.py", "--json", "{json}"), 40, True),
+            _python("bench/gpu_adam.py", "--json", "{json}"), 50, True),
     Section("overhead", "Per-op overhead on CuPy (bench/overhead.py)",
             _python("bench/overhead.py", "--backend", "cupy", "--number", "2000",
-                    "--json", "{json}"), 20, True),
+                    "--json", "{json}"), 15, True),
     Section("demo", "The demo (gpuscalar demo --backend cupy)",
-            _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 20),
+            _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 15),
     Section("capture", "Captured training loop vs PyTorch's CUDA graph (bench/gpu_capture.py)",
-            _python("bench/gpu_capture.py", "--json", "{json}"), 30, True,
+            _python("bench/gpu_capture.py", "--json", "{json}"), 35, True,
             requires="bench/gpu_capture.py"),
     Section("tests", "The whole test suite (python -m pytest -q)",
             _python("-m", "pytest", "-q", "-p", "no:cacheprovider"), TOTAL_BUDGET_S,

@@ -11,11 +11,11 @@ when it is recorded. An H100 run captured and replayed exactly this correctly (2
 training loop the float path ran in 397 ms).
 
 Why ctypes onto libcublas rather than a binding package: the handful of functions needed fit in
-one module; the library is the one CuPy itself uses (found by ``cuda-pathfinder``, a CuPy
-dependency, from the ``nvidia-cublas`` wheels or the CUDA toolkit), so nothing new is installed
-for CUDA 12 or 13; and it loads, and its argument checks run, on a machine without a GPU (CI).
-NVIDIA's ``nvmath-python`` would add a dependency (and its own CUDA-version extras) for the same
-calls.
+one module; the library is the one CuPy itself uses (found by ``cuda-pathfinder``, a CuPy 14
+dependency that the ``cuda12``/``cuda13`` extras also name, from the ``nvidia-cublas`` wheels or
+the CUDA toolkit), so nothing new is installed for CUDA 12 or 13; and it loads, and its
+argument checks run, on a machine without a GPU (CI). NVIDIA's ``nvmath-python`` would add a
+dependency (and its own CUDA-version extras) for the same calls.
 
 The wrappers take raw integers (device pointers, a stream pointer) and raise `CublasError` naming
 the function and cuBLAS status. Checking shapes, dtypes and layouts is `gpuscalar.linalg`'s job.
@@ -125,8 +125,8 @@ def _find() -> str:
         from cuda.pathfinder import load_nvidia_dynamic_lib  # noqa: PLC0415 - CuPy's dependency
     except ImportError as error:
         raise CublasError(
-            "cuBLAS could not be located: cuda-pathfinder (installed with CuPy) is missing "
-            f"({error}); install CuPy, e.g. the cuda12 extra"
+            "cuBLAS could not be located: cuda-pathfinder (installed with CuPy >= 14) is "
+            f"missing ({error}); install gpuscalar's cuda12 or cuda13 extra"
         ) from error
     try:
         path = load_nvidia_dynamic_lib("cublas").abs_path
@@ -198,6 +198,8 @@ class Handle:
     """
 
     WORKSPACE_BYTES = 32 * 2**20  # cuBLAS recommends >= 4 MiB on Hopper; 32 MiB is common
+    #: set by gs.matmul once a call was recorded into a CUDA graph (the graph reads the workspace)
+    recorded = False
 
     def __init__(self, allocate: Callable[[int], Any], stream_ptr: int) -> None:
         handle = _P()

@@ -22,7 +22,10 @@ Warm-up and recording run under ``sync_guard("error")``, with the array library'
 guarded too (CuPy's syncdetect hook; the strict device's declared reads), so a sync raises
 `SyncError` naming its reason and line before CUDA sees it. Any error ends the capture cleanly
 (stream out of capture mode, partial graph discarded, stream and allocator restored) and the
-user's error is raised, never a cleanup error. Nested captures are refused.
+user's error is raised, never a cleanup error. Nested captures are refused, but a step may call
+another captured step: while a graph is being recorded (the current stream captures) the inner
+step's ``fn`` runs ``steps`` times inline, so its kernels are recorded into the outer graph
+(launching a graph into a capturing stream is not reliable), as on the CPU.
 
 On NumPy and the strict device no graph exists: recording executes nothing, and each call runs
 ``fn`` ``steps`` times under the same guard, as ONE counted device op (a replay is one launch on
@@ -30,6 +33,12 @@ a GPU too). So code and tests run everywhere with the GPU's semantics for sync-f
 
 A Python number inside a captured step is baked in when it is recorded: values that change per
 step (the learning rate, the step count) must be device scalars updated inside the step.
+
+No host-to-device copy inside a step: CuPy refuses one while its stream captures (a graph would
+replay a copy from host memory long gone), and the strict device refuses it in the step's body
+(`sync.graph_body`) with CuPy's words, so CPU tests see it; both errors say what to do instead,
+as does CuPy's refusal of its own cuBLAS calls (``x @ w``; use ``gs.matmul``). A 0-d array made
+from a Python number is a fill kernel, not a copy, and is allowed.
 """
 
 from __future__ import annotations
@@ -55,8 +64,11 @@ __all__ = ["capture", "CapturedStep"]
 _capturing: ContextVar[bool] = ContextVar("gpuscalar_capturing", default=False)
 
 _NUMBERS = (bool, int, float, complex, np.generic)
-#: what CuPy's refusal to call cuBLAS in a capture says (cupy_backends.cuda.libs.cublas)
+#: what CuPy's refusals inside a capture say (CuPy 14: cupy_backends.cuda.libs.cublas.setStream,
+#: a NotImplementedError; cupy/cuda/memory.pyx copy_from_host_async, a RuntimeError); the
+#: strict device says the same inside a step's body
 _CUBLAS_REFUSAL = "cuBLAS"
+_UPLOAD_REFUSAL = "H2D transfers are disallowed"
 
 
 def capture(fn: Callable[..., Any] | None = None, /, *args: Any, warmup: int = 2,
@@ -280,22 +292,45 @@ def _end_abandoned(stream: Any) -> None:
         runtime.graphDestroy(graph)
 
 
+def _pointed(error: BaseException) -> BaseException | None:
+    """CuPy's refusal of cuBLAS or of a host-to-device copy inside a capture, as an error that
+    says what to do instead; None for any other error."""
+    if isinstance(error, NotImplementedError) and _CUBLAS_REFUSAL in str(error):
+        return NotImplementedError(
+            f"{error}: CuPy cannot call cuBLAS while a graph is captured (x @ w, "
+            "cupy.matmul, cupy.dot ...); use gs.matmul(a, b, out=...) in a captured step"
+        )
+    if isinstance(error, RuntimeError) and _UPLOAD_REFUSAL in str(error):
+        return RuntimeError(
+            f"{error}: a captured step cannot copy host data to the device (xp.asarray of a "
+            "host array or list, x.set(host), host index arrays); make and upload arrays "
+            "before capturing, and write new inputs into the step's buffers between replays "
+            "(x[...] = device_batch)"
+        )
+    return None
+
+
 def _record(stream: Any, body: Callable[[], Any]) -> tuple[Any, Any]:
     """``body()`` recorded on ``stream``: (the graph, what body returned). On any error the
-    capture is ended and discarded and the error re-raised (CuPy's cuBLAS refusal pointing at
-    gs.matmul)."""
+    capture is ended and discarded and the error re-raised (CuPy's refusals of cuBLAS and of
+    host-to-device copies saying what to do instead)."""
     stream.begin_capture()
     try:
         result = body()
     except BaseException as error:
         _while_raising(error, lambda: _end_abandoned(stream))
-        if isinstance(error, NotImplementedError) and _CUBLAS_REFUSAL in str(error):
-            raise NotImplementedError(
-                f"{error}: CuPy cannot call cuBLAS while a graph is captured (x @ w, "
-                "cupy.matmul, cupy.dot ...); use gs.matmul(a, b, out=...) in a captured step"
-            ) from error
+        pointed = _pointed(error)
+        if pointed is not None:
+            raise pointed from error
         raise
     return stream.end_capture(), result
+
+
+def _stream_capturing(device: object) -> bool:
+    """Whether CuPy's current stream on ``device`` is capturing: a step called while another
+    graph is being recorded (`gs.capture`'s, or the caller's own capture)."""
+    with CUPY.device_context(device):
+        return bool(CUPY.xp.cuda.get_current_stream().is_capturing())
 
 
 class CapturedStep:
@@ -346,10 +381,19 @@ class CapturedStep:
                     with _guarded(CUPY, recording=True):
                         for _ in range(self.warmup):
                             self._fn(*self._args)
+                    # what gs.matmul would otherwise make while recording: alpha/beta constants
+                    # and this stream's cuBLAS handle, when no warm-up ran (it would have made
+                    # it) or the program multiplies somewhere (a captured step called in fn
+                    # runs inline while recording, on this stream, after warming up elsewhere)
+                    linalg.prepare(CUPY, self.device, stream,
+                                   handle=self.warmup == 0 or linalg.handles_made())
                     stream.synchronize()  # warm-up done (outside the guard: an intended wait)
                     with _guarded(CUPY, recording=True), _recording():
                         graph, result = _record(stream, self._run_recorded_steps)
                 graph.upload(stream)
+                # replays are launched on the caller's stream, which is not ordered after this
+                # one: the upload has finished before the first replay
+                stream.synchronize()
             except BaseException as error:
                 self._released = True
                 _while_raising(error, self._finalizer)  # stream, pool, cuBLAS handle: freed
@@ -362,15 +406,34 @@ class CapturedStep:
         if self._released:
             raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
         sync.note_graph_replay()
-        if self.backend is CUPY:
+        if self.backend is CUPY and not _stream_capturing(self.device):
             graph = self._resources.graph  # type: ignore[union-attr]
             with CUPY.device_context(self.device), sync.one_device_op():
                 graph.launch()  # on the current stream: ordered with the caller's work
             return _fresh(self.backend, self._result)
+        return self._run_inline()
+
+    def _run_inline(self) -> Any:
+        """``steps`` calls of fn under the sync guard, as one counted device op: the replay on
+        NumPy and the strict device, and on CuPy a call while another graph is being recorded
+        (launching a graph into a capturing stream is not reliable; the steps' kernels are
+        recorded into the outer graph instead)."""
         result = None
-        with _guarded(self.backend, recording=False), sync.one_device_op(), sync.graph_body():
-            for _ in range(self.steps):
-                result = self._fn(*self._args)
+        place = (CUPY.device_context(self.device) if self.backend is CUPY
+                 else contextlib.nullcontext())
+        try:
+            with place, _guarded(self.backend, recording=False), sync.one_device_op(), (
+                sync.graph_body()
+            ):
+                for _ in range(self.steps):
+                    result = self._fn(*self._args)
+                if self.backend is CUPY:
+                    result = _materialized(result)
+        except (NotImplementedError, RuntimeError) as error:
+            pointed = _pointed(error)
+            if pointed is None:
+                raise
+            raise pointed from error
         return result
 
     def release(self) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import atexit
 import threading
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,8 @@ from . import cublas, sync
 from .backend import CUPY, Backend, backend_of
 from .scalar import GPUScalar, _array_of, asscalar
 
-__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "release_stream", "close_handles"]
+__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare", "release_stream",
+           "close_handles"]
 
 #: dtypes cuBLAS multiplies here (S and D routines)
 MATMUL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -93,13 +96,53 @@ def _step(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> in
     return strides[0] // itemsize if shape[0] > 1 else 1
 
 
+#: cuBLAS takes sizes, leading dimensions, increments and batch counts as 32-bit ``int``
+INT_MAX = 2**31 - 1
+_INT_FIELDS = ("m", "n", "k", "ldx", "ldy", "ldc", "incx", "incy", "batch")
+
+
 def plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
          b_strides: tuple[int, ...], itemsize: int) -> tuple[BlasCall, tuple[int, ...]]:
     """The cuBLAS call computing ``a @ b`` into a new C-contiguous output, and its shape.
 
-    Raises ``ValueError`` naming the shapes for operands that cannot be multiplied, and for
-    layouts cuBLAS cannot read without a copy.
+    Raises ``ValueError`` naming the shapes for operands that cannot be multiplied, for
+    layouts cuBLAS cannot read without a copy, and for a size, leading dimension, increment or
+    batch count beyond cuBLAS's 32-bit ``int`` (naming it).
     """
+    call, shape = _plan(a_shape, a_strides, b_shape, b_strides, itemsize)
+    for field in _INT_FIELDS:
+        value = getattr(call, field)
+        if value > INT_MAX:
+            raise ValueError(
+                f"gs.matmul: shapes {a_shape} and {b_shape} (strides {a_strides} and "
+                f"{b_strides}) need cuBLAS {call.routine} argument {field} "
+                f"({_meaning(call, field)}) = {value}, beyond its 32-bit int limit "
+                f"({INT_MAX}); split the product into smaller ones"
+            )
+    return call, shape
+
+
+def _meaning(call: BlasCall, field: str) -> str:
+    """What a cuBLAS argument of ``call`` is, in terms of the operands a and b."""
+    matrix = call.x_is
+    other = "a" if matrix == "b" else "b"
+    if field in ("m", "n", "k"):
+        return "a size of the product"
+    if field == "ldx":
+        return f"the leading dimension of {matrix}"
+    if field == "ldy":
+        return f"the leading dimension of {other}"
+    if field == "ldc":
+        return "the leading dimension of the output"
+    if field == "incx":
+        return f"the element step of vector {other}"
+    if field == "incy":
+        return "the element step of the output"
+    return "the batch count"
+
+
+def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
+          b_strides: tuple[int, ...], itemsize: int) -> tuple[BlasCall, tuple[int, ...]]:
     if len(a_shape) == 0 or len(b_shape) == 0:
         raise ValueError("gs.matmul operands must be at least 1-D (use * for a scalar)")
     if max(len(a_shape), len(b_shape)) > 3:
@@ -291,7 +334,7 @@ def _coefficient(value: Any, default: float, what: str, backend: Backend, device
     return _device_constant(backend, device, dtype, float(value))
 
 
-_constants_lock = threading.Lock()
+_constants_lock = threading.RLock()
 #: (device, dtype, the value's bits) -> a 0-d device array: a Python alpha/beta, made once, kept
 _CONSTANTS: dict[tuple[Any, np.dtype, str], Any] = {}
 
@@ -335,46 +378,127 @@ def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta
     return out
 
 
-# ---- CuPy: the cuBLAS call --------------------------------------------------------------------
+# ---- CuPy: the cuBLAS handles ------------------------------------------------------------------
+#
+# One handle (and 32 MiB workspace) per device and stream, bound to that stream once. A handle
+# lives as long as its stream: a captured step's private stream is released with the step
+# (`release_stream`); any other stream object is watched (weakref.finalize), and when it is
+# garbage-collected its handle leaves the table at once (a new stream may reuse the pointer) and
+# is destroyed at the next safe moment: never inside a finalizer, which may run while a graph is
+# being recorded (destroying a handle waits for the device, which would invalidate it). A handle
+# that recorded into a graph on a stream gpuscalar does not own (the user's own capture) is kept
+# until exit, since that graph reads its workspace.
 
-_handles_lock = threading.Lock()
+# re-entrant: a garbage-collected captured step's finalizer may release handles (through
+# `release_stream`) while this thread holds the lock making a handle
+_handles_lock = threading.RLock()
 #: (device, stream pointer) -> gpuscalar's cuBLAS handle bound to that stream
 _HANDLES: dict[tuple[object, int], cublas.Handle] = {}
+#: handles whose stream object is gone: destroyed at the next safe moment (`_drain`)
+_DOOMED: list[cublas.Handle] = []
+#: handles whose stream is gone but that a graph of the user's own capture may still use
+_KEPT: list[cublas.Handle] = []
+_exit_hook: list[bool] = []  # close_handles registered with atexit
 
 
-def _handle(backend: Backend, device: object, stream_ptr: int) -> cublas.Handle:
-    """The cuBLAS handle for ``stream_ptr`` on ``device`` (the current device), made on first
-    use. One per stream: work on two streams never shares a workspace."""
-    key = (device, stream_ptr)
+def _handle(backend: Backend, device: object, stream: Any) -> cublas.Handle:
+    """The cuBLAS handle for ``stream`` (a CuPy stream object) on ``device`` (the current
+    device), made on first use. One per stream: work on two streams never shares a workspace."""
+    key = (device, stream.ptr)
     handle = _HANDLES.get(key)
     if handle is None:
-        xp = backend.xp
-        with _handles_lock:
-            handle = _HANDLES.get(key)
-            if handle is None:
-                if not _HANDLES:
-                    atexit.register(close_handles)
-                # the workspace straight from CUDA, not a memory pool: a pool would keep it,
-                # once freed, for the stream it was allocated on (which may be gone by then)
-                handle = cublas.Handle(xp.cuda.Memory, stream_ptr)
-                _HANDLES[key] = handle
+        handle = _new_handle(backend, key, stream)
     return handle
+
+
+def _new_handle(backend: Backend, key: tuple[object, int], stream: Any) -> cublas.Handle:
+    if _DOOMED and not stream.is_capturing():
+        _drain()
+    with _handles_lock:
+        handle = _HANDLES.get(key)
+        if handle is None:
+            if not _exit_hook:
+                atexit.register(close_handles)
+                _exit_hook.append(True)
+            # the workspace straight from CUDA, not a memory pool: a pool would keep it,
+            # once freed, for the stream it was allocated on (which may be gone by then)
+            handle = cublas.Handle(backend.xp.cuda.Memory, stream.ptr)
+            _HANDLES[key] = handle
+            try:
+                watcher = weakref.finalize(stream, _stream_gone, key, handle)
+            except TypeError:  # a stream object without weak references: kept until exit
+                pass
+            else:
+                watcher.atexit = False
+    return handle
+
+
+def _stream_gone(key: tuple[object, int], handle: cublas.Handle) -> None:
+    """A watched stream object was garbage-collected: its handle leaves the table now and is
+    destroyed later (this runs inside the garbage collector, perhaps during a recording)."""
+    with _handles_lock:
+        if _HANDLES.get(key) is not handle:
+            return  # released already (a captured step's stream)
+        del _HANDLES[key]
+        (_KEPT if getattr(handle, "recorded", False) else _DOOMED).append(handle)
+
+
+def _drain() -> None:
+    """Destroy the handles of streams that are gone, unless a graph is being recorded."""
+    from . import graphs  # noqa: PLC0415 - graphs imports this module
+
+    if graphs._recordings or sync.in_graph_body():
+        return
+    with _handles_lock:
+        doomed = _DOOMED[:]
+        del _DOOMED[:]
+    for handle in doomed:
+        try:
+            handle.close()
+        except cublas.CublasError as failure:
+            warnings.warn(f"gs.matmul: destroying the cuBLAS handle of a stream that is gone "
+                          f"failed: {failure}", RuntimeWarning, stacklevel=2)
+
+
+def handles_made() -> bool:
+    """Whether this process has made a cuBLAS handle (called gs.matmul on CuPy)."""
+    return bool(_exit_hook)
+
+
+def prepare(backend: Backend, device: object, stream: Any, *, handle: bool) -> None:
+    """Make, before a graph is recorded on ``stream``, what `matmul` would otherwise make while
+    recording: the default alpha/beta constants (1 and 0, float32 and float64) on ``device``,
+    and with ``handle`` the stream's cuBLAS handle and workspace (skipped when cuBLAS cannot be
+    loaded: a product in the step then raises that error itself)."""
+    with backend.device_context(device):
+        for dtype in MATMUL_DTYPES:
+            for value in (1.0, 0.0):
+                _device_constant(backend, device, dtype, value)
+        if handle:
+            try:
+                _handle(backend, device, stream)
+            except cublas.CublasError:
+                pass
 
 
 def release_stream(stream_ptr: int) -> None:
     """Destroy the handles bound to ``stream_ptr`` (its stream is going away; a captured step
-    calls this when it is released). cuBLAS waits for the device first."""
+    calls this when it is released), and those of streams that are gone. cuBLAS waits for the
+    device first."""
     with _handles_lock:
         doomed = [_HANDLES.pop(key) for key in [k for k in _HANDLES if k[1] == stream_ptr]]
     for handle in doomed:
         handle.close()
+    if _DOOMED:
+        _drain()
 
 
 def close_handles() -> None:
     """Destroy every cuBLAS handle gpuscalar made (registered to run at exit)."""
     with _handles_lock:
-        doomed = list(_HANDLES.values())
+        doomed = [*_HANDLES.values(), *_DOOMED, *_KEPT]
         _HANDLES.clear()
+        del _DOOMED[:], _KEPT[:]
     for handle in doomed:
         try:
             handle.close()
@@ -382,12 +506,18 @@ def close_handles() -> None:
             pass
 
 
+# ---- CuPy: the cuBLAS call ----------------------------------------------------------------------
+
+
 def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: Any,
             beta: Any) -> None:
     xp = backend.xp
     device = backend.device_of(a)
     with backend.device_context(device):
-        handle = _handle(backend, device, xp.cuda.get_current_stream().ptr)
+        stream = xp.cuda.get_current_stream()
+        handle = _handle(backend, device, stream)
+        if not handle.recorded and stream.is_capturing():
+            handle.recorded = True  # a graph now reads its workspace: see _stream_gone
         letter = "S" if a.dtype == np.float32 else "D"
         x, y = (b, a) if call.x_is == "b" else (a, b)
         alpha_ptr, beta_ptr = alpha.data.ptr, beta.data.ptr

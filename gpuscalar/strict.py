@@ -19,7 +19,16 @@ where it matters:
   ``cupy.cuda.Device(n)`` does); operands on different devices are a ``ValueError``;
 - every array-library call (ufunc, reduction, namespace function, copy, non-view indexing,
   assignment) is one device op in ``count_syncs().device_ops``, as a kernel launch would be;
-  calls nested inside one (NumPy's implementation calling NumPy) are not counted again.
+  calls nested inside one (NumPy's implementation calling NumPy) are not counted again;
+- assigning a host array through a plain index (``x[...] = host``) is CuPy's ``ValueError``
+  (CuPy fills from scalars only); upload with ``x.set(host)`` or ``xp.asarray(host)``;
+- inside a captured step's body (`gpuscalar.sync.in_graph_body`), what CuPy refuses while its
+  stream captures (CuPy 14's source): a host-to-device copy (``xp.asarray``/``xp.array`` of host
+  data of 1 or more dimensions, ``x.set(host)``, assignment through host index arrays) is a
+  ``RuntimeError`` with CuPy's words, `H2D_CAPTURE_MESSAGE`; a matrix product of floating
+  arrays (``@``, ``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``: cuBLAS in CuPy) is
+  CuPy's ``NotImplementedError``, `CUBLAS_CAPTURE_MESSAGE`. A 0-d array made from a Python
+  number is allowed there, as in CuPy (a fill kernel with the value as its argument).
 
 One implementation serves three purposes: the tests (the ``xp`` fixture runs every
 backend-parametrized test on it), promotion rules 4 and 5 (several devices), and the counts of
@@ -42,13 +51,23 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 from . import sync
 from .backend import Backend, register_backend
 
-__all__ = ["StrictArray", "StrictBackend", "STRICT", "Device", "xp", "device", "IMPLICIT_MESSAGE"]
+__all__ = ["StrictArray", "StrictBackend", "STRICT", "Device", "xp", "device", "IMPLICIT_MESSAGE",
+           "H2D_CAPTURE_MESSAGE", "CUBLAS_CAPTURE_MESSAGE", "FILL_MESSAGE"]
 
 #: CuPy's words when something asks for a host array implicitly.
 IMPLICIT_MESSAGE = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
     "NumPy array explicitly."
 )
+#: CuPy's words (a RuntimeError from ``MemoryPointer.copy_from_host_async``, cupy/cuda/memory.pyx,
+#: CuPy 14) for a host-to-device copy while the current stream captures: what ``cupy.asarray``
+#: of host data of >= 1 dimension, ``ndarray.set`` and host index arrays reach.
+H2D_CAPTURE_MESSAGE = "the current stream is capturing, so H2D transfers are disallowed"
+#: CuPy's words (a NotImplementedError from ``cupy_backends.cuda.libs.cublas.setStream``) for a
+#: cuBLAS call while the current stream captures: what ``@``/``matmul``/``dot`` of floats reach.
+CUBLAS_CAPTURE_MESSAGE = "calling cuBLAS API during stream capture is currently unsupported"
+#: CuPy's words (a ValueError from ``ndarray.fill``) for ``x[...] = host_array``.
+FILL_MESSAGE = "non-scalar numpy.ndarray cannot be used for fill"
 
 _current_device: ContextVar[int] = ContextVar("gpuscalar_strict_device", default=0)
 
@@ -157,6 +176,8 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     operands = _Operands()
     raw_args = operands.unwrap(args)
     raw_kwargs = operands.unwrap(kwargs)
+    if function in _CUBLAS_PRODUCTS:
+        _refuse_cublas_in_graph_body(raw_args)
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
@@ -164,6 +185,46 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
 
 def _refuse_implicit(*_: Any, **__: Any) -> Any:
     raise TypeError(IMPLICIT_MESSAGE)
+
+
+# ---- what CuPy refuses while its stream captures (inside a captured step's body) ---------------
+
+
+def _refuse_upload_in_graph_body() -> None:
+    """A host-to-device copy: refused in a captured step's body, as CuPy refuses it while the
+    current stream captures (the graph would replay a copy from host memory long gone)."""
+    if sync.in_graph_body():
+        raise RuntimeError(H2D_CAPTURE_MESSAGE)
+
+
+#: NumPy's matrix products: cuBLAS calls in CuPy for floating and complex dtypes
+#: (``_routines_linalg.tensordot_core`` / ``matmul``; integer products use CuPy's own kernels)
+_CUBLAS_PRODUCTS = frozenset({np.matmul, np.dot, np.vdot, np.inner, np.tensordot,
+                              np.ndarray.dot})
+
+
+def _refuse_cublas_in_graph_body(raw_args: tuple) -> None:
+    """A matrix product of floating arrays: refused in a captured step's body, as CuPy's cuBLAS
+    refuses the capturing stream (a product with a 0-d operand is a multiply in CuPy)."""
+    if not sync.in_graph_body():
+        return
+    arrays = [a for a in raw_args if type(a) is np.ndarray]
+    if len(arrays) >= 2 and all(a.ndim for a in arrays) and (
+        np.result_type(*arrays).kind in "fc"
+    ):
+        raise NotImplementedError(CUBLAS_CAPTURE_MESSAGE)
+
+
+def _device_index(key: Any) -> Any:
+    """An advanced index with its host arrays and lists uploaded, as CuPy uploads them
+    (``x[[0, 2]]``; refused in a captured step's body, as in CuPy while capturing)."""
+    single = type(key) is not tuple
+    parts = (key,) if single else key
+    if not any(type(p) is list or type(p) is np.ndarray for p in parts):
+        return key
+    uploaded = tuple(asarray(p) if type(p) is list or type(p) is np.ndarray else p
+                     for p in parts)
+    return uploaded[0] if single else uploaded
 
 
 # ---- the array -------------------------------------------------------------------------------
@@ -315,7 +376,7 @@ class StrictArray(NDArrayOperatorsMixin):
                 kind is not np.ndarray
             ):
                 return NotImplemented  # a GPUScalar (its promotion rules call us back) or other
-        result = _call(getattr(ufunc, method), inputs, kwargs)
+        result = _call(ufunc if method == "__call__" else getattr(ufunc, method), inputs, kwargs)
         if out is not None:
             return out[0] if type(out) is tuple and len(out) == 1 else out
         return result
@@ -332,15 +393,39 @@ class StrictArray(NDArrayOperatorsMixin):
             if Ellipsis not in parts:
                 parts = (*parts, Ellipsis)  # a 0-d view rather than a NumPy scalar copy
             return _wrap(self._data[parts], self._device)
+        key = _device_index(key)
         parts = key if type(key) is tuple else (key,)
         if any(type(p) is StrictArray and p.dtype == np.bool_ for p in parts):
             _declare_sync()  # CuPy reads the mask's count back to size the result
         return _call(np.ndarray.__getitem__, (self, key), {})
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if type(value) is np.ndarray:
-            value = xp.asarray(value)  # an upload, as CuPy does for host data
+        device_value = type(value) is StrictArray or hasattr(value, "_backend")  # a GPUScalar
+        if _basic_index(key):
+            if not device_value and np.ndim(value) != 0:
+                # CuPy fills a view from a scalar only: host data must be uploaded explicitly
+                raise ValueError(f"{FILL_MESSAGE} (upload host data with x.set(host) or "
+                                 "xp.asarray(host) first)")
+        else:
+            key = _device_index(key)
+            if not device_value and np.ndim(value) != 0:
+                value = xp.asarray(value)  # CuPy uploads host data for an advanced index
         _call(np.ndarray.__setitem__, (self, key, value), {})
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Copy the NumPy array ``arr`` into this array, as ``cupy.ndarray.set`` (an upload: one
+        device op; refused inside a captured step's body, as CuPy refuses it while capturing)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if self.dtype != arr.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if self.shape != arr.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if not (self._data.flags.c_contiguous or self._data.flags.f_contiguous):
+            raise RuntimeError("Cannot set to non-contiguous array")
+        _refuse_upload_in_graph_body()
+        with _DeviceWork():
+            np.copyto(self._data, arr)
 
     def nonzero(self) -> tuple[StrictArray, ...]:
         _declare_sync()  # the result's size is read back, as in CuPy
@@ -475,6 +560,8 @@ def asarray(value: Any, dtype: Any = None, *, device: int | None = None, copy: A
             f"cannot make a strict array from {type(value).__name__} (dtype {data.dtype}); "
             "device arrays hold numbers, as in CuPy"
         )
+    if data.ndim:  # (CuPy makes a 0-d array with a fill kernel: no copy, allowed anywhere)
+        _refuse_upload_in_graph_body()
     with _DeviceWork():
         return _wrap(data, target)
 
@@ -542,6 +629,11 @@ class StrictBackend(Backend):
 
     def from_host_data(self, data: Any, like: Any) -> Any:
         return _wrap(np.asarray(data), like._device)
+
+    def upload(self, array: Any, host: np.ndarray) -> None:
+        """Copy NumPy ``host`` into ``array`` (as `CupyBackend.upload`): one counted device
+        op, refused inside a captured step's body as CuPy refuses it while capturing."""
+        array.set(host)
 
 
 STRICT = StrictBackend()

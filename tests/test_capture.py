@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import types
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import graphs, optim, strict, sync
+from gpuscalar import graphs, linalg, optim, strict, sync
+from gpuscalar.backend import CUPY
 
 from .helpers import backend_name, host
 
@@ -183,7 +188,8 @@ def test_a_pending_scalar_argument_and_the_optimizer_step_are_captured(xp, rng):
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
-    [({"fn": 3}, TypeError, "callable"), ({"steps": 0}, ValueError, "steps must be >= 1"),
+    [({"fn": 3}, TypeError, "fn must be callable, got int"),
+     ({"steps": 0}, ValueError, "steps must be >= 1"),
      ({"steps": 1.5}, TypeError, "steps must be an int"),
      ({"warmup": -1}, ValueError, "warmup must be >= 0"),
      ({"args": ("text",)}, TypeError, "argument 0 is a str"),
@@ -375,3 +381,126 @@ def test_a_release_during_a_recording_waits_until_it_ends():
     assert closed == [0]
     graphs._release(Resources())
     assert closed == [0, 0]
+
+
+# ---- what CuPy refuses while capturing, refused in the step's body on the strict device ----------
+
+
+def test_a_host_to_device_copy_in_a_step_is_refused_saying_what_to_do():
+    a = strict.xp.zeros(3)
+    batch = np.ones(3)
+
+    def step():
+        a[...] += strict.xp.asarray(batch)  # an upload inside the step: CuPy refuses it
+
+    captured = gs.capture(step, warmup=1)  # the warm-up is eager: uploads are allowed there
+    assert host(a).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(RuntimeError, match=r"H2D transfers are disallowed: a captured step "
+                                           r"cannot copy host data .* before capturing") as raised:
+        captured()
+    assert str(raised.value.__cause__) == strict.H2D_CAPTURE_MESSAGE
+    assert host(a).tolist() == [1.0, 1.0, 1.0]
+    _program_still_usable(strict.xp)
+
+
+def test_cupys_own_product_in_a_step_is_refused_pointing_at_gs_matmul():
+    x, w = strict.xp.ones((4, 3)), strict.xp.ones(3)
+    captured = gs.capture(lambda: x @ w, warmup=1)  # eager in the warm-up, as on a GPU
+    with pytest.raises(NotImplementedError, match=r"cuBLAS API during stream capture .* use "
+                                                  r"gs\.matmul\(a, b, out=\.\.\.\)"):
+        captured()
+    out = strict.xp.zeros(4)
+    fixed = gs.capture(lambda: gs.matmul(x, w, out=out), warmup=0)
+    fixed()
+    assert host(out).tolist() == [3.0] * 4
+
+
+# ---- a step called while another one is recorded runs inline -------------------------------------
+
+
+def test_a_step_called_while_a_graph_is_recorded_runs_inline_instead_of_launching(monkeypatch):
+    """On CuPy (stood in for: a fake graph, the stream's capture state decided by the test): a
+    replay launches the graph, but inside another recording (the current stream captures) the
+    step's fn runs its steps inline, so its kernels are recorded into the outer graph."""
+    a = np.zeros(1)
+    bodies = []
+
+    def fn(a):
+        bodies.append(sync.in_graph_body())
+        a[...] += 1.0
+
+    inner = gs.capture(fn, a, warmup=0, steps=2)
+    launches = []
+    monkeypatch.setattr(inner, "backend", CUPY)
+    monkeypatch.setattr(inner, "_resources",
+                        types.SimpleNamespace(graph=types.SimpleNamespace(
+                            launch=lambda: launches.append(1))))
+    monkeypatch.setattr(CUPY, "device_context", lambda device: contextlib.nullcontext())
+    capturing = [False]
+    monkeypatch.setattr(graphs, "_stream_capturing", lambda device: capturing[0])
+    inner()  # a plain replay: one graph launch, no Python step
+    assert launches == [1] and bodies == [] and a.tolist() == [0.0]
+    capturing[0] = True
+    with gs.count_syncs() as counter:
+        inner()  # inside a recording: two steps run (recorded), no launch
+    assert launches == [1] and bodies == [True, True] and a.tolist() == [2.0]
+    assert counter.device_ops == 1
+
+
+# ---- the README's example runs as written --------------------------------------------------------
+
+
+def _readme_capture_example() -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("<!-- section: capture -->")[1].split("<!-- /section: capture -->")[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("name", ["numpy", "strict"])
+def test_the_readme_capture_example_runs_and_matches_plain_sgd(name, rng, capsys):
+    code = _readme_capture_example()
+    assert code.startswith("import cupy as cp\n") and "out=grad" in code
+    xp = strict.xp if name == "strict" else np
+    n, d = 32, 64
+    features = rng.standard_normal((n, d)).astype(np.float32)
+    targets = rng.standard_normal(n).astype(np.float32)
+    host_batches = [(rng.standard_normal((n, d)).astype(np.float32),
+                     rng.standard_normal(n).astype(np.float32)) for _ in range(3)]
+    batches = [(xp.asarray(bx), xp.asarray(by)) for bx, by in host_batches]
+    namespace = {"cp": xp, "features": features.copy(), "targets": targets.copy(),
+                 "batches": batches}  # (copies: on NumPy, x and y are these arrays)
+    exec(compile(code.removeprefix("import cupy as cp\n"), "README.md", "exec"), namespace)
+    printed = float(capsys.readouterr().out)
+    # the same loop by hand: 2 warm-up steps on the first data, then 10 steps per batch
+    w, total, t = np.zeros(d, np.float32), 0.0, 0
+    for bx, by in [(features, targets)] * 2 + [b for b in host_batches for _ in range(10)]:
+        t += 1
+        err = bx @ w - by
+        total += float(np.mean(err * err))
+        w = w - np.float32(0.05 * min(1.0, t / 100)) * (bx.T @ err)
+    np.testing.assert_allclose(host(namespace["w"]), w, rtol=1e-4, atol=1e-6)
+    assert printed == pytest.approx(total, rel=1e-4)
+    assert int(namespace["opt"].step_count) == 32
+
+
+# ---- what a recording prepares before it starts (CuPy; here with stand-ins) ----------------------
+
+
+def test_prepare_makes_the_constants_and_when_asked_the_handle(monkeypatch):
+    made, handles = [], []
+    monkeypatch.setattr(linalg, "_device_constant",
+                        lambda backend, device, dtype, value: made.append((dtype.name, value)))
+    monkeypatch.setattr(linalg, "_handle",
+                        lambda backend, device, stream: handles.append((device, stream)))
+    backend = types.SimpleNamespace(device_context=lambda device: contextlib.nullcontext())
+    linalg.prepare(backend, 0, "stream", handle=False)
+    assert sorted(made) == [("float32", 0.0), ("float32", 1.0), ("float64", 0.0),
+                            ("float64", 1.0)] and handles == []
+    linalg.prepare(backend, 0, "stream", handle=True)
+    assert handles == [(0, "stream")]
+
+    def no_library(backend, device, stream):
+        raise linalg.cublas.CublasError("libcublas was not found")
+
+    monkeypatch.setattr(linalg, "_handle", no_library)
+    linalg.prepare(backend, 0, "stream", handle=True)  # a step without products still records

@@ -29,6 +29,24 @@ def test_the_three_versions_of_the_loop_agree(xp):
         assert total == pytest.approx(reference_total, rel=1e-6)
 
 
+@pytest.mark.parametrize("xp", [np, gs.strict.xp], ids=["numpy", "strict"])
+def test_the_graph_equals_the_eager_run_of_its_kernels_bit_for_bit(xp):
+    versions = gpu_capture.cupy_versions(xp, steps=20, chunk=5)
+    weights, totals = {}, {}
+    for name in ("cupy eager gs.matmul", "cupy graph", "cupy eager"):
+        w, totals[name] = versions[name]()()
+        weights[name] = host(w).copy()
+    found = gpu_capture.identical_to_eager(weights, totals)
+    assert found == {"cupy graph": {"reference": "cupy eager gs.matmul",
+                                    "weights_bitwise_equal": True, "total_equal": True,
+                                    "max_weight_difference": 0.0}}
+    weights["cupy graph"][0] = np.nextafter(weights["cupy graph"][0], np.float32(np.inf))
+    changed = gpu_capture.identical_to_eager(weights, totals)["cupy graph"]
+    assert not changed["weights_bitwise_equal"] and changed["max_weight_difference"] > 0
+    text = gpu_capture.format_table({"versions": {}, "identical_to_eager": found})
+    assert "cupy graph vs cupy eager gs.matmul (same kernels, eager): identical" in text
+
+
 def test_the_captured_chunk_is_one_device_op_per_replay_on_the_strict_device():
     run = gpu_capture.cupy_versions(gs.strict.xp, steps=20, chunk=5)["cupy graph"]()
     with gs.count_syncs() as counter:

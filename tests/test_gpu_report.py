@@ -87,6 +87,9 @@ def test_every_planned_section_exists_and_fits_the_budget():
     # the suite gets what the measurements leave, and they always leave it a minute and a half
     measurements = sum(s.budget_s for s in gpu_report.SECTIONS[:-1])
     assert gpu_report.TOTAL_BUDGET_S - measurements >= 80
+    budgets = {s.name: s.budget_s for s in gpu_report.SECTIONS}
+    # cold NVRTC compiles (Adam, the optimizer table) and a PyTorch import (capture) need room
+    assert budgets["adam"] >= 50 and budgets["capture"] >= 35
     assert gpu_report.TOTAL_BUDGET_S < 300  # five minutes, with room for the script itself
 
 

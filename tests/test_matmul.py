@@ -3,14 +3,17 @@ column-major semantics), the NumPy/strict path, alpha/beta, and bad input."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import threading
+import types
 
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import gpuscalar as gs
-from gpuscalar import cublas, linalg, strict
+from gpuscalar import cublas, graphs, linalg, strict, sync
 
 from .helpers import host
 
@@ -245,3 +248,135 @@ def test_releasing_a_stream_destroys_only_its_handles(monkeypatch):
     linalg._HANDLES[(0, 333)] = failing
     linalg.close_handles()  # at exit: every handle, a failure does not stop the others
     assert failing.closed and handles[(0, 222)].closed and linalg._HANDLES == {}
+
+
+# ---- cuBLAS's 32-bit int arguments --------------------------------------------------------------
+
+_HUGE = 2**31  # one more than cuBLAS's int can hold
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "a_strides", "b_shape", "b_strides", "named"),
+    [((_HUGE, 2), (16, 8), (2,), (8,), r"gemv argument n \(a size of the product\) = 2147483648"),
+     ((2, _HUGE), (8 * _HUGE, 8), (_HUGE, 2), (16, 8), r"gemm argument k \(a size"),
+     ((2, 2), (8 * _HUGE, 8), (2, 2), (16, 8), r"argument ldy \(the leading dimension of a\)"),
+     ((2, 3), (24, 8), (3, 2), (8 * _HUGE, 8), r"argument ldx \(the leading dimension of b\)"),
+     ((3, 2), (16, 8), (2,), (8 * _HUGE,), r"argument incx \(the element step of vector b\)"),
+     ((_HUGE, 2, 2), (32, 16, 8), (2, 2), (16, 8), r"argument batch \(the batch count\)")],
+    ids=["rows", "inner", "lda", "ldb", "vector-step", "batch"],
+)
+def test_sizes_beyond_cublas_int_are_refused_naming_the_argument(a_shape, a_strides, b_shape,
+                                                                  b_strides, named):
+    with pytest.raises(ValueError, match=named + r".*32-bit int limit \(2147483647\)"):
+        linalg.plan(a_shape, a_strides, b_shape, b_strides, 8)
+    smaller = (a_shape[0] - 1, *a_shape[1:]) if a_shape[0] == _HUGE else None
+    if smaller is not None and len(a_shape) == 2:  # the largest size cuBLAS can take is fine
+        call, _ = linalg.plan(smaller, a_strides, b_shape, b_strides, 8)
+        assert call.n == linalg.INT_MAX
+
+
+# ---- cuBLAS handles: one per stream, living as long as the stream (stand-ins, no GPU) ------------
+
+
+class _FakeStream:
+    def __init__(self, ptr, capturing=False):
+        self.ptr, self.capturing = ptr, capturing
+
+    def is_capturing(self):
+        return self.capturing
+
+
+class _MadeHandle(_FakeHandle):
+    """What ``cublas.Handle(allocate, stream_ptr)`` makes, without cuBLAS."""
+
+    def __init__(self, allocate, stream_ptr):
+        super().__init__()
+        self.stream_ptr, self.recorded = stream_ptr, False
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    monkeypatch.setattr(linalg, "_HANDLES", {})
+    monkeypatch.setattr(linalg, "_DOOMED", [])
+    monkeypatch.setattr(linalg, "_KEPT", [])
+    monkeypatch.setattr(linalg, "_exit_hook", [True])  # (no atexit registration from a test)
+    monkeypatch.setattr(linalg.cublas, "Handle", _MadeHandle)
+    return types.SimpleNamespace(xp=types.SimpleNamespace(cuda=types.SimpleNamespace(Memory=None)))
+
+
+def test_a_handle_lives_as_long_as_its_stream(fake_backend):
+    stream = _FakeStream(555)
+    handle = linalg._handle(fake_backend, 0, stream)
+    assert linalg._handle(fake_backend, 0, stream) is handle and handle.stream_ptr == 555
+    del stream
+    gc.collect()
+    # out of the table at once (a new stream may get the same pointer), destroyed later: the
+    # garbage collector may run while a graph is being recorded
+    assert linalg._HANDLES == {} and linalg._DOOMED == [handle] and not handle.closed
+    again = _FakeStream(555)
+    fresh = linalg._handle(fake_backend, 0, again)
+    assert fresh is not handle and handle.closed and linalg._DOOMED == []
+    assert linalg._HANDLES == {(0, 555): fresh}
+
+
+def test_handles_of_gone_streams_wait_while_a_graph_is_recorded(fake_backend):
+    stream = _FakeStream(556)
+    handle = linalg._handle(fake_backend, 0, stream)
+    del stream
+    gc.collect()
+    keep = [_FakeStream(600 + i) for i in range(3)]
+    with graphs._recording():
+        linalg._handle(fake_backend, 0, keep[0])
+    with sync.graph_body():
+        linalg._handle(fake_backend, 0, keep[1])
+    keep[2].capturing = True  # the caller's own capture
+    linalg._handle(fake_backend, 0, keep[2])
+    assert not handle.closed and linalg._DOOMED == [handle]
+    linalg.release_stream(600)  # a safe moment: the queue is drained
+    assert handle.closed and linalg._DOOMED == []
+
+
+def test_a_handle_that_recorded_a_graph_outlives_its_stream(fake_backend):
+    stream = _FakeStream(557)
+    handle = linalg._handle(fake_backend, 0, stream)
+    handle.recorded = True  # the user's own capture recorded a product with it
+    del stream
+    gc.collect()
+    assert linalg._KEPT == [handle] and linalg._HANDLES == {}
+    other = _FakeStream(558)
+    linalg._handle(fake_backend, 0, other)
+    assert not handle.closed  # the user's graph may still read its workspace
+    linalg.close_handles()
+    assert handle.closed and linalg._KEPT == []
+
+
+def test_a_finalizer_releasing_handles_while_one_is_made_does_not_deadlock(fake_backend,
+                                                                          monkeypatch):
+    """A captured step garbage-collected while a handle is being made (its workspace allocation
+    may run the collector) releases its stream's handles from inside `_handle`."""
+    other = _FakeHandle()
+    linalg._HANDLES[(0, 999)] = other
+
+    class Reentrant(_MadeHandle):
+        def __init__(self, allocate, stream_ptr):
+            linalg.release_stream(999)  # what the step's finalizer does, on this thread
+            super().__init__(allocate, stream_ptr)
+
+    monkeypatch.setattr(linalg.cublas, "Handle", Reentrant)
+    stream, made = _FakeStream(777), []
+    worker = threading.Thread(target=lambda: made.append(linalg._handle(fake_backend, 0,
+                                                                        stream)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "making a handle deadlocked on a re-entrant release"
+    assert made and other.closed and list(linalg._HANDLES) == [(0, 777)]
+
+
+def test_handles_made_says_whether_the_program_multiplies_on_cupy(fake_backend, monkeypatch):
+    registered = []
+    monkeypatch.setattr(linalg, "_exit_hook", [])
+    monkeypatch.setattr(linalg.atexit, "register", registered.append)
+    assert not linalg.handles_made()  # a capture then makes no handle it would not use
+    stream = _FakeStream(888)
+    linalg._handle(fake_backend, 0, stream)
+    assert linalg.handles_made() and registered == [linalg.close_handles]

@@ -11,6 +11,8 @@ import gpuscalar as gs
 from gpuscalar import strict, sync
 from gpuscalar.strict import xp
 
+from .helpers import host
+
 
 def library_counter() -> sync.SyncCounter:
     """A counter that sees the device's own reads (what count_syncs(include_cupy=True) gives,
@@ -212,11 +214,105 @@ def test_bad_device_ids_are_rejected(bad):
             pass  # pragma: no cover - not reached
 
 
-def test_host_array_assignment_is_an_upload():
+def test_host_array_assignment_through_a_plain_index_is_refused_as_in_cupy():
+    x = xp.zeros(3)
+    for host_data in (np.arange(3.0), [1.0, 2.0, 3.0]):
+        with pytest.raises(ValueError, match=r"non-scalar numpy\.ndarray cannot be used for "
+                                             r"fill \(upload host data with x\.set"):
+            x[...] = host_data
+    assert x.get().tolist() == [0.0, 0.0, 0.0]
+    with gs.count_syncs() as counter:
+        x[...] = np.float64(2.0)  # a scalar fills, as in CuPy
+        x[1:] = 5.0
+    assert counter.device_ops == 2 and x.get().tolist() == [2.0, 5.0, 5.0]
+
+
+def test_set_uploads_and_checks_as_cupy_does():
     x = xp.zeros(3)
     with gs.count_syncs() as counter:
-        x[...] = np.arange(3.0)
-    assert counter.device_ops == 2 and x.get().tolist() == [0.0, 1.0, 2.0]
+        x.set(np.arange(3.0))
+    assert counter.device_ops == 1 and x.get().tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(TypeError, match="Only numpy.ndarray can be set"):
+        x.set([1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="float32 array cannot be set to float64 array"):
+        x.set(np.ones(3, dtype=np.float32))
+    with pytest.raises(ValueError, match=r"Shape mismatch. Old shape: \(3,\), new shape: "
+                                         r"\(2,\)"):
+        x.set(np.ones(2))
+    with pytest.raises(RuntimeError, match="Cannot set to non-contiguous array"):
+        xp.zeros((3, 3))[:, 1].set(np.ones(3))
+    assert x.get().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_an_advanced_index_uploads_host_values_as_cupy_does():
+    x = xp.zeros(4)
+    x[xp.asarray([0, 2])] = np.array([5.0, 6.0])
+    x[[1, 3]] = 7.0  # a host index list: CuPy uploads it
+    assert x.get().tolist() == [5.0, 7.0, 6.0, 7.0]
+
+
+# ---- inside a captured step's body: what CuPy refuses while its stream captures ------------------
+
+
+def _uploads():
+    x = xp.zeros(3)
+    return x, {
+        "asarray": lambda: xp.asarray(np.ones(3)),
+        "array-of-a-list": lambda: xp.array([1.0, 2.0, 3.0]),
+        "asarray-empty": lambda: xp.asarray(np.ones(0)),
+        "set": lambda: x.set(np.ones(3)),
+        "backend-upload": lambda: strict.STRICT.upload(x, np.ones(3)),
+        "host-index-list": lambda: x.__setitem__([0, 1], 1.0),
+        "host-index-array": lambda: x.__setitem__(np.array([0, 1]), xp.ones(2)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_uploads()[1]))
+def test_host_to_device_copies_are_refused_in_a_graph_body_with_cupys_words(name):
+    x, uploads = _uploads()
+    uploads[name]()  # outside a step's body: an upload like any other
+    x[...] = 0.0
+    with sync.graph_body(), pytest.raises(RuntimeError) as raised:
+        uploads[name]()
+    assert str(raised.value) == strict.H2D_CAPTURE_MESSAGE
+    assert x.get().tolist() == [0.0, 0.0, 0.0]  # refused before anything was written
+
+
+def test_zero_d_values_are_made_in_a_graph_body_as_cupy_fills_them():
+    x = xp.zeros(3)
+    with sync.graph_body(), gs.count_syncs() as counter:
+        made = [xp.asarray(2.0), xp.asarray(np.float32(1.5)), xp.full(3, 4.0),
+                gs.asscalar(3.0, like=x)]
+        x[...] = 3.0
+        x[0] = np.float64(1.0)
+    assert counter.count == 0 and host(made[0]) == 2.0 and float(made[3]) == 3.0
+    assert x.get().tolist() == [1.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "product",
+    [lambda a, b: a @ b, lambda a, b: xp.matmul(a, b), lambda a, b: np.matmul(a, b),
+     lambda a, b: xp.dot(a, b), lambda a, b: np.dot(a, b), lambda a, b: a.dot(b),
+     lambda a, b: xp.inner(a, b), lambda a, b: xp.vdot(a, b),
+     lambda a, b: xp.tensordot(a, b, axes=1)],
+    ids=["@", "xp.matmul", "np.matmul", "xp.dot", "np.dot", "method-dot", "inner", "vdot",
+         "tensordot"],
+)
+def test_float_matrix_products_are_refused_in_a_graph_body_as_cupys_cublas(product):
+    a, b = xp.ones((2, 2)), xp.ones((2, 2))
+    assert product(a, b).get().sum() > 0  # outside a step's body: computed
+    with sync.graph_body():
+        with pytest.raises(NotImplementedError) as raised:
+            product(a, b)
+        assert str(raised.value) == strict.CUBLAS_CAPTURE_MESSAGE
+        integers = xp.ones((2, 2), dtype=np.int64)
+        assert product(integers, integers).get().sum() > 0  # CuPy's own kernel, no cuBLAS
+        assert host(gs.matmul(a, b)).sum() == 8.0  # gpuscalar's capturable product
+
+
+def test_a_product_with_a_zero_d_operand_is_a_multiply_in_a_graph_body():
+    with sync.graph_body():
+        assert xp.dot(xp.ones(3), xp.asarray(2.0)).get().tolist() == [2.0, 2.0, 2.0]
 
 
 # ---- interop and pickling -----------------------------------------------------------------------
