@@ -54,7 +54,7 @@ def _ops(step):
 def test_fused_adam_ops_per_step(benchmark, dtypes):
     params, grads = _problem(dtypes)
     opt = optim.Adam(params)
-    first = _ops(lambda: opt.step(grads))  # uploads the gradient arrays' addresses once
+    first = _ops(lambda: opt.step(grads))  # writes the gradient arrays' addresses once
     fused = _ops(lambda: opt.step(grads))
     ms = [np.zeros_like(p) for p in params]
     vs = [np.zeros_like(p) for p in params]
@@ -64,7 +64,8 @@ def test_fused_adam_ops_per_step(benchmark, dtypes):
     )
     assert fused < unfused
     assert fused == len(dtypes) + 1  # one kernel per dtype group + the step counter
-    assert first == fused + 1  # + the address upload, when the gradient arrays change
+    assert first == fused + 1  # + the gradient table (one launch per 500 tensors), when the
+    # gradient arrays change
     assert unfused == 13 * N_TENSORS  # 13 elementwise ops per tensor, as written above
     benchmark(opt.step, grads)
 

@@ -216,7 +216,15 @@ class CupyBackend(Backend):
 
     def upload(self, array: Any, host: np.ndarray) -> None:
         """Copy NumPy ``host`` into the contiguous device ``array``: one counted device op,
-        asynchronous on the current stream (CuPy stages pageable host memory; no device sync)."""
+        asynchronous on the current stream (CuPy stages pageable host memory; no device sync).
+        Refused inside a captured step (`sync.in_graph_body`), before CuPy is asked."""
+        if sync.in_graph_body():
+            raise RuntimeError(
+                "gpuscalar: a host-to-device copy was asked for inside a captured step "
+                "(gs.capture): CuPy refuses one while the stream captures, and a recorded copy "
+                "would read host memory that is gone when the graph replays; pass the values "
+                "as kernel arguments (which the graph keeps) or copy before capturing"
+            )
         self.call(array.set, host, self.xp.cuda.get_current_stream())
 
     # ---- end of fused kernels ----

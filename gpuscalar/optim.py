@@ -19,8 +19,12 @@ with a grid-stride loop. The optimizer classes (`Adam`, `AdamW`, `SGD`) update t
 user passed, in place, with a *multi-tensor* kernel: one launch per dtype group per step however
 many tensors, each block reading its tensor's addresses from a device-side table (one address
 table per array role, and a block table of (tensor, start, end) chunks), as PyTorch's
-``multi_tensor_apply`` does. The parameter and state tables are built once; the gradient table is
-re-uploaded (one counted op) only when the gradient arrays differ from the previous step's.
+``multi_tensor_apply`` does. The parameter and state tables are built once. The gradient table is
+rewritten when the gradient arrays differ from the previous step's, by a small kernel that carries
+the addresses in its own arguments (one launch per `ADDRESS_CHUNK` tensors), never by a
+host-to-device copy: inside a captured step (`gs.capture`) CuPy refuses such a copy, while kernel
+arguments are copied into the CUDA graph when it is recorded, so every replay rewrites the table
+with the addresses it was recorded with.
 
 How a kernel receives each scalar (the learning rate, betas, the step, ``skip_if`` ...) is
 decided in one place, `_route`: a Python number by value, a GPUScalar through a pointer to its
@@ -42,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from . import codegen, expr, reduce
+from . import codegen, expr, reduce, sync
 from .backend import NUMPY, Backend, backend_of
 from .scalar import GPUScalar, _array_of, _node_of, _wrap, apply_ufunc, minimum
 
@@ -59,6 +63,9 @@ __all__ = [
     "COUNTER_READS",
     "kernel_source",
     "counter_source",
+    "address_table_source",
+    "ADDRESS_CHUNK",
+    "ADDRESS_STRUCT",
     "adam_step",
     "sgd_step",
     "clip_grad_norm",
@@ -100,6 +107,15 @@ COUNTER_READS: dict[str, str] = {"step": "({0} + 1)", "fresh": "({0} == 0)"}
 MULTI_TENSOR_CHUNK = 4096
 MULTI_TENSOR_BLOCK = 256
 MULTI_TENSOR_ILP = 4
+#: Gradient addresses one table-writing launch carries in its kernel arguments, by value: a
+#: struct of int64 that, with the table pointer and the count, takes 4,016 bytes, within the
+#: 4 KB of kernel parameters every CUDA device accepts.
+ADDRESS_CHUNK = 500
+#: The NumPy twin of that struct. CuPy passes a size-one NumPy array to a RawKernel by value
+#: (``cupy/cuda/function.pyx``: ``_pointer`` -> ``CNumpyArray``; the driver copies the
+#: parameter's ``sizeof`` bytes from its data when the launch is issued).
+ADDRESS_STRUCT = np.dtype([("address", np.int64, (ADDRESS_CHUNK,))])
+_ADDRESS_BLOCK = 128
 
 
 @dataclass(frozen=True, eq=False)  # identity: a kernel-cache key hashed on every step
@@ -168,10 +184,13 @@ SGD_PLAIN = Program(
     body=(("g", "grad + weight_decay * param"), ("p", "param - lr * g")),
     outputs=(("param", "p"),),
 )
-# ``fresh`` is 1 while the momentum buffer holds no history: PyTorch then sets buf = grad.
+# ``fresh`` is 1 while the momentum buffer holds no history: PyTorch then sets buf = grad. With
+# momentum 0 (a number set after construction, or a GPUScalar's value) PyTorch's step is plain
+# SGD and leaves the buffer alone: so does this one, decided on the device.
 _SGD_MOMENTUM_BODY = (
     ("g", "grad + weight_decay * param"),
-    ("b", "select(fresh != 0, g, momentum * momentum_buffer + (1 - dampening) * g)"),
+    ("b", "select(momentum == 0, momentum_buffer, "
+          "select(fresh != 0, g, momentum * momentum_buffer + (1 - dampening) * g))"),
 )
 #: PyTorch SGD with momentum (heavy ball).
 SGD_MOMENTUM = Program(
@@ -179,7 +198,7 @@ SGD_MOMENTUM = Program(
     scalars=("lr", "momentum", "dampening", "weight_decay", "fresh"),
     arrays=("param", "grad", "momentum_buffer"),
     prelude=(),
-    body=(*_SGD_MOMENTUM_BODY, ("p", "param - lr * b")),
+    body=(*_SGD_MOMENTUM_BODY, ("p", "param - lr * select(momentum == 0, g, b)")),
     outputs=(("param", "p"), ("momentum_buffer", "b")),
 )
 #: PyTorch SGD with Nesterov momentum.
@@ -188,7 +207,8 @@ SGD_NESTEROV = Program(
     scalars=SGD_MOMENTUM.scalars,
     arrays=SGD_MOMENTUM.arrays,
     prelude=(),
-    body=(*_SGD_MOMENTUM_BODY, ("p", "param - lr * (g + momentum * b)")),
+    body=(*_SGD_MOMENTUM_BODY,
+          ("p", "param - lr * select(momentum == 0, g, g + momentum * b)")),
     outputs=SGD_MOMENTUM.outputs,
 )
 PROGRAMS: tuple[Program, ...] = (ADAM, ADAMW, SGD_PLAIN, SGD_MOMENTUM, SGD_NESTEROV)
@@ -508,6 +528,28 @@ def _counter_source(skip: ScalarKind | None) -> tuple[str, str]:
     return "\n".join(lines), name
 
 
+@cache
+def address_table_source() -> tuple[str, str]:
+    """CUDA source and name of the kernel that writes gradient addresses into an optimizer's
+    device table from its own arguments: ``table[i] = addresses.address[i]`` for ``i < n``
+    (``n <= ADDRESS_CHUNK``; ``addresses`` is an `ADDRESS_STRUCT` passed by value). The driver
+    copies kernel arguments when a launch is issued, and a CUDA graph that records the launch
+    keeps the copy: no host memory is read later, and each replay rewrites the table with the
+    addresses it was recorded with."""
+    name = "gpuscalar_write_addresses"
+    lines = [
+        f"struct gs_addresses {{ long long address[{ADDRESS_CHUNK}]; }};",
+        f'extern "C" __global__ void {name}(long long* __restrict__ table, const long long n, '
+        "const gs_addresses addresses) {",
+        "    for (long long gs_i = threadIdx.x; gs_i < n; gs_i += blockDim.x) {",
+        "        table[gs_i] = addresses.address[gs_i];",
+        "    }",
+        "}",
+        "",
+    ]
+    return "\n".join(lines), name
+
+
 def _run_program(
     backend: Backend,
     program: Program,
@@ -588,6 +630,22 @@ def _check_like(
             f"{what} must be C-contiguous for the fused {backend.name} kernel (got strides "
             f"{value.strides}); pass a contiguous copy (xp.ascontiguousarray)"
         )
+
+
+def _writeable(backend: Backend, array: Any) -> bool:
+    """Whether a kernel may write ``array``: a host-evaluating backend's data may be read-only
+    (NumPy's ``flags.writeable``); device memory always is writeable."""
+    return not backend.evaluates_on_host or backend.host_data(array).flags.writeable
+
+
+def _read_only(what: str) -> ValueError:
+    return ValueError(f"{what} is read-only (flags.writeable is False), but it is updated in "
+                      "place")
+
+
+def _check_writeable(backend: Backend, array: Any, what: str) -> None:
+    if not _writeable(backend, array):
+        raise _read_only(what)
 
 
 def _hyper(
@@ -713,6 +771,8 @@ def adam_step(
     device = backend.device_of(param)
     for value, what in ((grad, "grad"), (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")):
         _check_like(value, param, what, "param", backend)
+    for value, what in ((param, "param"), (exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")):
+        _check_writeable(backend, value, what)
     beta1, beta2 = _betas(betas, backend, device)
     scalars = {
         "lr": _hyper(lr, "lr", backend, device),
@@ -750,6 +810,7 @@ def sgd_step(
     backend = _check_array(param, "param")
     device = backend.device_of(param)
     _check_like(grad, param, "grad", "param", backend)
+    _check_writeable(backend, param, "param")
     scalars = {
         "lr": _hyper(lr, "lr", backend, device),
         "weight_decay": _hyper(weight_decay, "weight_decay", backend, device),
@@ -774,6 +835,7 @@ def sgd_step(
             momentum_buffer = backend.call(backend.xp.zeros_like, param)
     else:
         _check_like(momentum_buffer, param, "momentum_buffer", "param", backend)
+        _check_writeable(backend, momentum_buffer, "momentum_buffer")
     scalars.update(momentum=momentum, dampening=dampening, fresh=1 if fresh else 0)
     arrays = {"param": param, "grad": grad, "momentum_buffer": momentum_buffer}
     _run_program(backend, SGD_NESTEROV if nesterov else SGD_MOMENTUM, scalars, arrays, skip)
@@ -826,7 +888,9 @@ def all_finite(arrays: Sequence[Any]) -> GPUScalar:
             expected = "a NumPy or CuPy" if backend is None else f"a {backend.name}"
             raise TypeError(f"all_finite(): arrays[{i}] must be {expected} array, "
                             f"got {type(a).__name__}")
-        flags.append(reduce.all(backend.call(backend.xp.isfinite, a)))
+        # a 0-d array's flag is a NumPy bool on NumPy, not an array: reduce a 1-element view
+        flags.append(reduce.all(backend.call(backend.xp.isfinite,
+                                             a.reshape(1) if a.ndim == 0 else a)))
     if len(flags) == 1:
         return flags[0]
     return reduce.all(backend.call(backend.xp.stack, [_array_of(f) for f in flags]))
@@ -847,13 +911,16 @@ class _Group:
         indices: list[int],
         params: list[Any],
         grad_table: Any,
+        chunk: int,
     ) -> None:
         xp = backend.xp
         self.indices = indices
         self.dtype = params[0].dtype
+        self.shapes = [p.shape for p in params]
         sizes = [int(p.size) for p in params]
         offsets = np.cumsum([0, *sizes])
         state_names = program.arrays[2:]
+        self.written = ("param", *state_names)  # what the step writes, per tensor
         self.state = {
             name: backend.call(xp.zeros, int(offsets[-1]), dtype=self.dtype)
             for name in state_names
@@ -863,7 +930,7 @@ class _Group:
                    for p, o, s in zip(params, offsets[:-1], sizes, strict=True)]
             for name, flat in self.state.items()
         }
-        chunks = [-(-s // MULTI_TENSOR_CHUNK) for s in sizes]
+        chunks = [-(-s // chunk) for s in sizes]
         self.n_blocks = int(sum(chunks))
         if backend.evaluates_on_host:
             data = backend.host_data
@@ -881,11 +948,11 @@ class _Group:
         )
         tensor = np.repeat(np.arange(len(params), dtype=np.int64), chunks)
         first_block = np.repeat(np.cumsum([0, *chunks[:-1]]), chunks)
-        start = (np.arange(self.n_blocks, dtype=np.int64) - first_block) * MULTI_TENSOR_CHUNK
-        end = np.minimum(start + MULTI_TENSOR_CHUNK, np.asarray(sizes, np.int64)[tensor])
+        start = (np.arange(self.n_blocks, dtype=np.int64) - first_block) * chunk
+        end = np.minimum(start + chunk, np.asarray(sizes, np.int64)[tensor])
         self._tables = backend.call(xp.asarray, table)  # kept alive: the kernel reads its rows
         self._blocks = backend.call(xp.asarray, np.stack([tensor, start, end]).astype(np.int64))
-        # one address table per array of the program: param, grad (the optimizer's, uploaded
+        # one address table per array of the program: param, grad (the optimizer's, rewritten
         # when the gradient arrays change), then the state buffers
         self.prefix = (self._tables[0], grad_table, *self._tables[1:], self._blocks,
                        np.int64(self.n_blocks))
@@ -952,16 +1019,24 @@ class Optimizer:
     plus one op for the step counter; no copy of parameters or gradients is made. State lives
     on the device (`state`, `state_dict`). The step counter is a 0-d int64 device buffer updated
     in place (`step_count`), hyperparameters may be GPUScalars, and ``skip_if`` is read on the
-    device, so a step never syncs, allocates nothing, and can be captured as a CUDA graph.
+    device, so a step never syncs, allocates no device memory, and can be captured as a CUDA
+    graph (with the same or new gradient arrays each call: see `step`).
     """
 
     _program: Program
     #: hyperparameter attributes, in `state_dict` order
     _hyperparameters: tuple[str, ...] = ("lr",)
+    #: Elements per block of the multi-tensor kernel (a tuning knob read when an optimizer is
+    #: made: a subclass may set another; the kernels' code does not depend on it).
+    chunk_size: int = MULTI_TENSOR_CHUNK
 
     lr = _Hyperparameter(_nonnegative, "The learning rate: a number or a GPUScalar (>= 0).")
 
     def __init__(self, params: Sequence[Any], lr: Any, program: Program) -> None:
+        chunk = self.chunk_size
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"{type(self).__name__}.chunk_size must be an int >= 1, got "
+                             f"{chunk!r}")
         items = list(params) if not hasattr(params, "shape") else None
         if not items:
             raise TypeError(
@@ -978,6 +1053,8 @@ class Optimizer:
             if backend.multi_device and backend.device_of(p) != device:
                 raise ValueError(f"params[{i}] is on device {backend.device_of(p)!r} but "
                                  f"params[0] on {device!r}")
+        for i, p in enumerate(items):
+            _check_writeable(backend, p, f"params[{i}]")
         overlap = _first_overlap(backend, items)
         if overlap is not None:
             i, j = overlap
@@ -1002,13 +1079,26 @@ class Optimizer:
             for indices in by_dtype.values():
                 rows = None if grad_table is None else grad_table[offset:offset + len(indices)]
                 self._groups.append(_Group(backend, program, indices,
-                                           [items[i] for i in indices], rows))
+                                           [items[i] for i in indices], rows, chunk))
                 offset += len(indices)
+        # The gradient table, in table order (dtype group by group), is written in chunks of
+        # ADDRESS_CHUNK entries, one launch each: on a device by a kernel that carries them in
+        # its arguments (the table slice it writes, and how many); on a host-evaluating backend
+        # the "table" is each tensor's "grad" entry.
         self._grad_table = grad_table
         self._order = [i for group in self._groups for i in group.indices]
+        n = len(items)
+        bounds = [(lo, min(lo + ADDRESS_CHUNK, n)) for lo in range(0, n, ADDRESS_CHUNK)]
+        self._address_chunks = [
+            (lo, hi, None if grad_table is None else grad_table[lo:hi]) for lo, hi in bounds
+        ]
         self._where = {i: (group, k) for group in self._groups
                        for k, i in enumerate(group.indices)}
-        self._grads: tuple[Any, ...] | None = None  # the arrays the gradient table points to
+        # What Python knows the gradient table holds: the arrays it points to (kept alive, so
+        # that an identity check is sound), as of `graph_replays()` when it was written eagerly;
+        # None when unknown (after a captured step wrote it).
+        self._grads: tuple[Any, ...] | None = None
+        self._grads_replays = -1
         self._step_read = _CounterRead(self._count, "step")
         self._fresh_read = _CounterRead(self._count, "fresh")
 
@@ -1048,31 +1138,66 @@ class Optimizer:
 
         ``grads``: one array per parameter, of its shape, dtype, backend and device (C-contiguous
         on CuPy), not a parameter itself. Reusing the same gradient arrays from step to step
-        costs nothing extra; new ones cost one upload of their addresses (one device op), and
-        the optimizer keeps a reference to the last ones. ``skip_if``: a bool GPUScalar; when
-        true on the device, parameters, state and the step counter stay unchanged.
+        costs nothing extra; new ones cost writing their addresses into the kernel's table (one
+        launch per `ADDRESS_CHUNK` parameters), and the optimizer keeps a reference to the last
+        ones. Inside a captured step (`gs.capture`) the table is always written, from kernel
+        arguments the graph keeps, so any gradient arrays work there, new ones each call
+        included. ``skip_if``: a bool GPUScalar; when true on the device, parameters, state and
+        the step counter stay unchanged. Everything that could make the step fail is checked
+        before anything is written.
         """
         backend = self._backend
+        if backend.evaluates_on_host:
+            self._check_host_arrays()
         items, changed = self._checked_grads(grads)
         skip = _skip(skip_if, backend, self._device)
         scalars = [_route(value) for value in self._scalars()]
         skip_routed = None if skip is None else _route(skip)
+        in_graph_body = sync.in_graph_body()
         with backend.device_context(self._device):
-            if changed:
-                self._upload_grads(items)
+            # a captured step always writes the table (each replay then restores its own), and
+            # a replay on a GPU changes the table without Python: then it is written again
+            if changed or in_graph_body or self._grads_replays != sync.graph_replays():
+                self._write_grads(items)
+                if in_graph_body:  # recorded (nothing ran yet) or replayed: unknown afterwards
+                    self._grads, self._grads_replays = None, -1
+                else:
+                    self._grads, self._grads_replays = tuple(items), sync.graph_replays()
             for group in self._groups:
                 group.launch(backend, self._program, scalars, skip_routed)
             self._increment(skip_routed)
 
+    def _check_host_arrays(self) -> None:
+        """On a host-evaluating backend, what would make a step fail half-way (with some tensors
+        updated): every array the step writes must still be writeable and have its shape and
+        dtype (NumPy lets either change in place after the optimizer was made)."""
+        for group in self._groups:
+            for tensor, i, shape in zip(group.tensors, group.indices, group.shapes, strict=True):
+                for name in group.written:
+                    array = tensor[name]
+                    if array.flags.writeable and array.shape == shape and (
+                        array.dtype == group.dtype
+                    ):
+                        continue
+                    what = (f"params[{i}]" if name == "param"
+                            else f"the optimizer's {name} of params[{i}]")
+                    if not array.flags.writeable:
+                        raise _read_only(what)
+                    raise ValueError(f"{what} now has shape {array.shape} and dtype "
+                                     f"{array.dtype}, but the optimizer was made for {shape} "
+                                     f"and {group.dtype}; nothing was changed")
+
     def _checked_grads(self, grads: Any) -> tuple[list[Any], bool]:
-        """The gradients as a list, and whether they differ from the last step's. Each new
-        gradient is validated before anything is touched."""
+        """The gradients as a list, and whether they differ from the arrays the table points to.
+        Each new gradient is validated before anything is touched (on a host-evaluating backend,
+        every gradient: NumPy lets an array's shape change in place)."""
         items = list(grads) if not hasattr(grads, "shape") else None
         n = len(self._params)
         last = self._grads
-        if items is not None and last is not None and len(items) == n and all(
+        same = items is not None and last is not None and len(items) == n and all(
             map(operator.is_, items, last)
-        ):
+        )
+        if same and not self._backend.evaluates_on_host:
             return items, False
         if items is None or len(items) != n:
             got = "a single array" if items is None else f"{len(items)} arrays"
@@ -1085,25 +1210,34 @@ class Optimizer:
                 _check_like(g, p, f"grads[{i}]", f"params[{i}]", backend)
             if id(g) in param_ids:
                 raise ValueError(f"grads[{i}] is a parameter array itself; pass its gradient")
-        return items, True
+        return items, not same
 
-    def _upload_grads(self, items: list[Any]) -> None:
-        """Point the kernels at new gradient arrays: one counted device op for all groups."""
-        backend = self._backend
+    def _write_grads(self, items: list[Any]) -> None:
+        """Point the kernels at ``items``: one counted launch per `ADDRESS_CHUNK` entries of
+        the gradient table, each carrying its addresses by value (never a host-to-device copy,
+        so it works inside a captured step, and no host memory is read after the launch)."""
+        backend, order = self._backend, self._order
         if backend.evaluates_on_host:
-            backend.call(self._set_host_grads, items)
-        else:
-            address = backend.data_address
-            addresses = np.fromiter((address(items[i]) for i in self._order), np.int64,
-                                    count=len(items))
-            backend.upload(self._grad_table, addresses)
-        self._grads = tuple(items)
+            data = backend.host_data
+            for lo, hi, _ in self._address_chunks:
+                indices = order[lo:hi]
+                backend.call(self._set_host_grads, indices, [data(items[i]) for i in indices])
+            return
+        address = backend.data_address
+        addresses = np.zeros(len(self._address_chunks) * ADDRESS_CHUNK, np.int64)
+        addresses[: len(order)] = np.fromiter((address(items[i]) for i in order), np.int64,
+                                              count=len(order))
+        packed = addresses.view(ADDRESS_STRUCT)  # one struct per chunk
+        source, name = address_table_source()
+        for k, (lo, hi, table) in enumerate(self._address_chunks):
+            args = [table, np.int64(hi - lo), packed[k : k + 1]]  # the struct: by value
+            backend.launch_kernel(source, name, hi - lo, args, grid=1, block=_ADDRESS_BLOCK)
 
-    def _set_host_grads(self, items: list[Any]) -> None:
-        data = self._backend.host_data
-        for group in self._groups:
-            for tensor, i in zip(group.tensors, group.indices, strict=True):
-                tensor["grad"] = data(items[i])
+    def _set_host_grads(self, indices: list[int], data: list[Any]) -> None:
+        where = self._where
+        for i, array in zip(indices, data, strict=True):
+            group, k = where[i]
+            group.tensors[k]["grad"] = array
 
     def _increment(self, skip: tuple[ScalarKind, tuple] | None) -> None:
         """``count += 1`` (or ``+= !skip``) in place, after the kernels read it: one op."""
@@ -1182,6 +1316,7 @@ class Optimizer:
                         f"the optimizer's {name} of params[{i}]") for name in names]
         for target, source, what, ref_what in copies:
             _check_like(source, target, what, ref_what, backend, contiguous=False)
+            _check_writeable(backend, target, ref_what)
         hyperparams = state_dict["hyperparams"]
         if not isinstance(hyperparams, Mapping):
             raise TypeError("state_dict['hyperparams'] must be a mapping, got "
@@ -1195,8 +1330,24 @@ class Optimizer:
             checked[descriptor.attribute] = descriptor.check(
                 self, f"state_dict['hyperparams'][{name!r}]", value
             )
+        # A source may view the optimizer's own buffers (e.g. `state` views, swapped): copied
+        # in sequence, a later source would read what an earlier copy wrote. Those are copied
+        # aside first (one op each).
+        own = [_byte_span(backend, self._count)] + [
+            _byte_span(backend, flat) for group in self._groups for flat in group.state.values()
+            if flat.size
+        ]
+
+        def aliased(source: Any) -> bool:
+            if not source.size:
+                return False
+            low, high = _byte_span(backend, source)
+            return any(low < own_high and own_low < high for own_low, own_high in own)
+
         with backend.device_context(self._device):
-            for target, source, _, _ in copies:
+            sources = [backend.call(backend.xp.copy, source) if aliased(source) else source
+                       for _, source, _, _ in copies]
+            for (target, _, _, _), source in zip(copies, sources, strict=True):
                 backend.call(backend.xp.copyto, target, source)
         for attribute, value in checked.items():
             setattr(self, attribute, value)
@@ -1260,9 +1411,7 @@ def _sgd_momentum(opt: SGD, name: str, value: Any) -> Any:
     if opt._program is SGD_PLAIN and value != 0:
         raise ValueError(f"{name}: this SGD was made without momentum (no momentum buffers); "
                          "make a new SGD with momentum > 0")
-    if opt._program is SGD_NESTEROV and value == 0:
-        raise ValueError(f"{name}: nesterov momentum needs momentum > 0")
-    return value
+    return value  # 0 on an SGD made with momentum: plain SGD steps, buffers kept (PyTorch's)
 
 
 def _sgd_dampening(opt: SGD, name: str, value: Any) -> Any:
@@ -1274,8 +1423,10 @@ def _sgd_dampening(opt: SGD, name: str, value: Any) -> Any:
 
 class SGD(Optimizer):
     """Fused multi-tensor SGD on the user's arrays (PyTorch's ``torch.optim.SGD``: momentum,
-    dampening, Nesterov, L2 weight decay). With momentum (> 0 or a GPUScalar) the state is a
-    ``momentum_buffer``, which starts as the first non-skipped gradient."""
+    dampening, Nesterov, L2 weight decay). Made with momentum (> 0 or a GPUScalar), the state
+    is a ``momentum_buffer``, which starts as the first non-skipped step's gradient. As in
+    PyTorch, a step whose momentum is 0 (set later, or a GPUScalar's value, decided on the
+    device) is a plain SGD step that leaves the buffers as they are."""
 
     _hyperparameters = ("lr", "momentum", "dampening", "weight_decay")
 

@@ -4,7 +4,8 @@ The shipped header (gpuscalar/kernels/*.cu) is compiled on its own, and every ke
 gpuscalar.optim generates from it is compiled with the options CuPy uses to build it: the
 single-tensor kernels (each Program x dtype x pointer/value scalars x skip), the multi-tensor
 kernels exactly as the optimizer classes ask for them (each class configuration x dtype x
-numbers/GPUScalars x skip), and the step-counter kernel. NVRTC must load in CI (CI=true): there a
+numbers/GPUScalars x skip), the step-counter kernel, and the kernel that writes gradient
+addresses from its arguments. NVRTC must load in CI (CI=true): there a
 missing NVRTC is a failure, not a skip.
 """
 
@@ -148,6 +149,25 @@ def test_step_counter_kernel_compiles(nvrtc, has_skip):
     assert f".entry {name}" in _compile(nvrtc, source, f"{name}.cu")
     assert ("if (skip) return;" in source) == has_skip
     assert "*count += 1;" in source
+
+
+def test_address_table_kernel_compiles(nvrtc):
+    """The kernel that writes gradient addresses from its arguments (inside a captured step
+    too): it compiles, and its by-value struct is exactly `ADDRESS_STRUCT` (the size-one NumPy
+    array CuPy passes by value), within CUDA's 4 KB of kernel parameters with the table pointer
+    and the count."""
+    source, name = optim.address_table_source()
+    ptx = _compile(nvrtc, source, f"{name}.cu")
+    assert f".entry {name}" in ptx
+    # PTX declares each parameter with its size in bytes: .param .u64 (table), .param .u64 (n),
+    # then the struct as .param .align 8 .b8 [<size>]
+    entry = ptx[ptx.index(f".entry {name}"):]
+    params = entry[: entry.index(")")]
+    assert params.count(".param .u64") == 2
+    assert f".b8 {name}_param_2[{optim.ADDRESS_STRUCT.itemsize}]" in params
+    assert optim.ADDRESS_STRUCT.itemsize == 8 * optim.ADDRESS_CHUNK
+    assert 8 + 8 + optim.ADDRESS_STRUCT.itemsize <= 4096
+    assert f"long long address[{optim.ADDRESS_CHUNK}];" in source
 
 
 @pytest.mark.parametrize("multi_tensor", [False, True], ids=["single", "multi"])

@@ -236,7 +236,8 @@ class Reference:
 def test_classes_match_pytorch_reference_on_the_users_arrays(xp, rng, config, grads_mode):
     """Acceptance: 30 steps over mixed shapes, float32, skip_if on two steps: relative error
     < 1e-5 against float64 PyTorch semantics, the arrays passed in updated, zero syncs, and
-    exactly 1 kernel + 1 counter op per step (+1 address upload when the gradients change)."""
+    exactly 1 kernel + 1 counter op per step (+1 launch writing the gradient table when the
+    gradient arrays change)."""
     cls, kw = CONFIGS[config]
     init = [rng.standard_normal(s).astype(np.float32) for s in MIXED_SHAPES]
     params = [xp.asarray(p) for p in init]
@@ -263,8 +264,8 @@ def test_classes_match_pytorch_reference_on_the_users_arrays(xp, rng, config, gr
         if not skip:
             ref.step([g.astype(np.float64) for g in host_grads])
     assert syncs == 0
-    upload = [1] * ACCEPTANCE_STEPS if grads_mode == "new" else [1] + [0] * (ACCEPTANCE_STEPS - 1)
-    assert ops == [2 + u for u in upload]
+    table = [1] * ACCEPTANCE_STEPS if grads_mode == "new" else [1] + [0] * (ACCEPTANCE_STEPS - 1)
+    assert ops == [2 + u for u in table]
     assert opt.params == params and all(a is b for a, b in zip(opt.params, params, strict=True))
     for got, want in zip(params, ref.params, strict=True):
         assert got.dtype == np.float32
@@ -284,8 +285,8 @@ def test_classes_match_pytorch_reference_on_the_users_arrays(xp, rng, config, gr
 
 def test_two_thousand_tensors_cost_one_kernel_and_the_counter_per_step(rng):
     """Acceptance (counting device): 2,000 tensors of one dtype, the same gradient arrays every
-    step: 1 device op per step plus the step counter (the first step also uploads the gradient
-    addresses, once)."""
+    step: 1 device op per step plus the step counter (the first step also writes the gradient
+    table, once)."""
     xp = gs.strict.xp
     shapes = [(k % 7 + 1, 3) if k % 2 else (k % 13 + 1,) for k in range(2000)]
     params = [xp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
@@ -298,7 +299,8 @@ def test_two_thousand_tensors_cost_one_kernel_and_the_counter_per_step(rng):
             opt.step(grads)
         assert counter.count == 0
         ops.append(counter.device_ops)
-    assert ops == [3, 2, 2]
+    # the first step writes the gradient table: one launch per ADDRESS_CHUNK addresses
+    assert ops == [math.ceil(2000 / optim.ADDRESS_CHUNK) + 2, 2, 2]
     assert int(opt.step_count) == 3
     assert not np.array_equal(host(params[1999]), before)  # the last tensor was updated too
 
@@ -327,7 +329,7 @@ def test_dtype_groups_one_kernel_each(xp, rng):
         close(p, want)
 
 
-def test_gradient_addresses_are_uploaded_only_when_the_arrays_change(xp, rng):
+def test_gradient_table_is_written_only_when_the_arrays_change(xp, rng):
     init = [rng.standard_normal(4), rng.standard_normal(3)]
     params = [xp.asarray(p.copy()) for p in init]
     opt = optim.SGD(params, lr=0.1)
@@ -405,6 +407,71 @@ def test_step_inside_capture(xp, rng):
     for t in range(1, steps + 1):
         ref, m, v = ref_adam(ref, host(g), m, v, t, 1e-2, 0.9, 0.999, 1e-8, 0.0, False)
     close(p, ref)
+
+
+@pytest.mark.parametrize("config", ["adam", "sgd_nesterov"])
+def test_captured_step_with_new_gradient_arrays_each_call(xp, rng, config):
+    """An AD-style step that computes its gradients into NEW arrays each call, captured with
+    gs.capture: over many replays the parameters follow the float64 reference of the values
+    the inputs held at each call, with zero syncs and one op per replay (on a GPU the graph's
+    own table write restores the gradients' addresses; no host-to-device copy is made)."""
+    cls, kw = CONFIGS[config]
+    shapes = [(3, 4), (), (5,)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [xp.asarray(p) for p in init]
+    opt = cls(params, **kw)
+    ref = Reference(config, init)
+    inputs = [xp.zeros(s, dtype=np.float32) for s in shapes]  # updated in place per step
+    made = []
+
+    def step():
+        grads = [xp.multiply(x, 2, out=xp.empty_like(x)) for x in inputs]  # new arrays
+        made.append(grads)
+        opt.step(grads)
+
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    for x, v in zip(inputs, values, strict=True):
+        x[...] = xp.asarray(v)
+    captured = gs.capture(step, warmup=2)
+    for _ in range(2):
+        ref.step([2 * v.astype(np.float64) for v in values])
+    ops = []
+    for _ in range(10):
+        values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for x, v in zip(inputs, values, strict=True):
+            x[...] = xp.asarray(v)
+        with counting() as counter:
+            captured()
+        assert counter.count == 0
+        ops.append(counter.device_ops)
+        ref.step([2 * v.astype(np.float64) for v in values])
+    assert ops == [1] * 10
+    assert int(opt.step_count) == 12
+    for got, want in zip(params, ref.params, strict=True):
+        assert rel_error(got, want) < 1e-5
+    captured.release()
+
+
+def test_eager_steps_between_replays(xp, rng):
+    """Eager steps with other gradient arrays between replays of a captured step: each replay
+    uses the arrays it was recorded with, each eager step the arrays it is given, also when an
+    eager step passes the same arrays as the eager step before the replay."""
+    p = xp.zeros(4)
+    opt = optim.SGD([p], lr=1.0)
+    static = xp.ones(4)  # the captured step's gradients, rewritten in place
+    g1 = xp.full(4, 100.0)
+    captured = gs.capture(lambda: opt.step([static]), warmup=1)
+    expected = -1.0
+    for action in ["eager", "replay", "eager", "eager", "replay", "replay", "eager"]:
+        if action == "replay":
+            captured()
+            expected -= 1.0
+        else:
+            opt.step([g1])
+            expected -= 100.0
+        np.testing.assert_array_equal(host(p), np.full(4, expected))
+    assert int(opt.step_count) == 8
+    captured.release()
 
 
 def test_schedule_from_the_live_step_counter_never_syncs(xp, rng):
@@ -504,7 +571,7 @@ def test_empty_tensors_and_empty_groups(xp):
     grads = [xp.ones(3, dtype=np.float32), xp.zeros(0)]
     with counting() as counter:
         opt.step(grads)
-    assert counter.device_ops == 3  # upload, the float32 kernel, the counter: nothing for float64
+    assert counter.device_ops == 3  # the table, the float32 kernel, the counter: no float64 op
     close(p, np.full(3, 0.5))
 
 
@@ -667,6 +734,30 @@ def test_bad_state_dict_cases_are_all_run(xp):
     assert len(_bad_state_dicts(xp)) == 17
 
 
+def test_load_state_dict_from_the_optimizers_own_live_views(xp):
+    """Sources that alias the optimizer's own buffers (its `state` views, swapped) are read
+    before anything is written: the swap happens, not a copy of one into both."""
+    params = [xp.zeros(3), xp.zeros(3)]
+    opt = optim.SGD(params, lr=0.1, momentum=0.9)
+    opt.step([xp.asarray([1.0, 2.0, 3.0]), xp.asarray([4.0, 5.0, 6.0])])
+    live = opt.state("momentum_buffer")
+    with counting() as counter:
+        opt.load_state_dict({"step": opt.step_count.array,
+                             "state": [{"momentum_buffer": live[1]},
+                                       {"momentum_buffer": live[0]}],
+                             "hyperparams": {}})
+    assert counter.count == 0
+    assert counter.device_ops == 3 + 3  # the three aliasing sources copied aside, then copied in
+    buffers = [h.tolist() for h in host(opt.state("momentum_buffer"))]
+    assert buffers == [[4.0, 5.0, 6.0], [1.0, 2.0, 3.0]]
+    assert int(opt.step_count) == 1
+    # independent sources are copied in directly: one op each
+    d = opt.state_dict()
+    with counting() as counter:
+        opt.load_state_dict(d)
+    assert counter.device_ops == 3
+
+
 def test_load_state_dict_on_another_strict_device(rng):
     xp = gs.strict.xp
     opt = optim.SGD([xp.zeros(2)], lr=0.1, momentum=0.9)
@@ -679,6 +770,96 @@ def test_load_state_dict_on_another_strict_device(rng):
 
 
 # ---- bad input to the classes ----------------------------------------------------------------
+
+
+def _everything(opt):
+    """Host copies of an optimizer's parameters, state and step count."""
+    names = opt._program.arrays[2:]
+    return (snapshot(opt.params), [snapshot(opt.state(n)) for n in names],
+            int(opt.step_count))
+
+
+def _assert_same(before, after):
+    for a, b in zip(before[0] + sum(before[1], []), after[0] + sum(after[1], []), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert before[2] == after[2]
+
+
+@pytest.mark.parametrize("config", ["adam", "sgd_momentum"])
+def test_read_only_arrays_are_refused_before_anything_changes(rng, config):
+    """A read-only NumPy parameter (or state view) would fail half-way through a step, after
+    other tensors were updated: it is refused up front, naming it, and nothing changes."""
+    cls, kw = CONFIGS[config]
+    a, ro = rng.standard_normal(3), rng.standard_normal(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"params\[1\] is read-only"):
+        cls([a, ro], **kw)
+    ro = ro.copy()
+    opt = cls([a, rng.standard_normal((2, 2)), ro], **kw)
+    grads = [np.ones(3), np.ones((2, 2)), np.ones(3)]
+    opt.step(grads)
+    before = _everything(opt)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"params\[2\] is read-only"):
+        opt.step(grads)
+    _assert_same(before, _everything(opt))
+    ro.flags.writeable = True
+    state = opt._program.arrays[2]
+    opt.state(state)[1].flags.writeable = False  # the live view the optimizer writes
+    with pytest.raises(ValueError, match=rf"the optimizer's {state} of params\[1\] is read-only"):
+        opt.step(grads)
+    with pytest.raises(ValueError, match=rf"the optimizer's {state} of params\[1\] is read-only"):
+        opt.load_state_dict(opt.state_dict())
+    _assert_same(before, _everything(opt))
+    opt.state(state)[1].flags.writeable = True
+    opt.step(grads)
+    assert int(opt.step_count) == 2
+
+
+def test_a_parameter_reshaped_in_place_is_refused_before_anything_changes(rng):
+    """NumPy lets a parameter's (or a reused gradient's) shape change in place: the step would
+    fail half-way; it is refused up front, naming the array."""
+    params = [rng.standard_normal(3), rng.standard_normal(4)]
+    grads = [np.ones(3), np.ones(4)]
+    opt = optim.Adam(params, lr=0.1)
+    opt.step(grads)
+    before = _everything(opt)
+    params[1].shape = (2, 2)
+    with pytest.raises(ValueError, match=r"params\[1\] now has shape \(2, 2\)"):
+        opt.step(grads)
+    params[1].shape = (4,)
+    _assert_same(before, _everything(opt))
+    grads[1].shape = (1, 4)  # the same gradient arrays as the last step, reshaped
+    with pytest.raises(ValueError, match=r"grads\[1\] has shape \(1, 4\)"):
+        opt.step(grads)
+    _assert_same(before, _everything(opt))
+
+
+def test_functional_steps_refuse_read_only_arrays(rng):
+    p, g = rng.standard_normal(4), rng.standard_normal(4)
+    m, v = np.zeros(4), np.zeros(4)
+    saved = p.copy()
+    v.flags.writeable = False
+    with pytest.raises(ValueError, match="exp_avg_sq is read-only"):
+        optim.adam_step(p, g, m, v, step=1)
+    np.testing.assert_array_equal(p, saved)
+    np.testing.assert_array_equal(m, 0.0)
+    buf = np.zeros(4)
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="momentum_buffer is read-only"):
+        optim.sgd_step(p, g, buf, lr=0.1, momentum=0.9)
+    p.flags.writeable = False
+    with pytest.raises(ValueError, match="param is read-only"):
+        optim.sgd_step(p, g, lr=0.1)
+    np.testing.assert_array_equal(p, saved)
+
+
+def test_chunk_size_is_checked():
+    class Odd(optim.SGD):
+        chunk_size = 0
+
+    with pytest.raises(ValueError, match="Odd.chunk_size must be an int >= 1, got 0"):
+        Odd([np.zeros(2)], lr=0.1)
 
 
 def test_optimizer_bad_input(xp, rng):
@@ -782,11 +963,49 @@ def test_sgd_hyperparameter_rules():
     plain.momentum = 0.0
     nesterov = optim.SGD([np.zeros(2)], lr=0.1, momentum=0.9, nesterov=True)
     assert nesterov.nesterov and not plain.nesterov
-    with pytest.raises(ValueError, match="nesterov momentum needs momentum > 0"):
-        nesterov.momentum = 0.0
     with pytest.raises(ValueError, match="nesterov momentum needs dampening == 0"):
         nesterov.dampening = 0.5
     assert nesterov.momentum == 0.9 and nesterov.dampening == 0.0
+    nesterov.momentum = 0.0  # as in PyTorch: plain SGD steps from now on (tested below)
+
+
+@pytest.mark.parametrize("kind", ["number", "gpuscalar", "nesterov", "load_state_dict"])
+def test_sgd_momentum_set_to_zero_is_plain_sgd(xp, kind):
+    """PyTorch's rule: a step whose momentum is 0 is ``p -= lr * (g + wd * p)``, whatever the
+    dampening, and leaves the momentum buffer alone; momentum set back resumes from it."""
+    p = xp.zeros(3)
+    nesterov = kind == "nesterov"
+    momentum = gs.asscalar(0.9, like=p) if kind == "gpuscalar" else 0.9
+    opt = optim.SGD([p], lr=1.0, momentum=momentum, dampening=0.0 if nesterov else 0.5,
+                    nesterov=nesterov)
+    g = xp.asarray([1.0, 2.0, 3.0])
+    opt.step([g])  # the buffer starts as the gradient
+    buf = snapshot(opt.state("momentum_buffer")[0])
+    np.testing.assert_array_equal(buf, [1.0, 2.0, 3.0])
+    if kind == "gpuscalar":
+        momentum.array[...] = xp.asarray(0.0)  # decided on the device
+    elif kind == "load_state_dict":
+        d = opt.state_dict()
+        d["hyperparams"]["momentum"] = 0.0
+        opt.load_state_dict(d)
+    else:
+        opt.momentum = 0.0
+    p[...] = xp.asarray(0.0)
+    with counting() as counter:
+        opt.step([g])
+    assert counter.count == 0
+    np.testing.assert_array_equal(host(p), [-1.0, -2.0, -3.0])  # not -(1 - dampening) * g
+    np.testing.assert_array_equal(host(opt.state("momentum_buffer")[0]), buf)
+    if kind == "gpuscalar":
+        momentum.array[...] = xp.asarray(0.9)
+    else:
+        opt.momentum = 0.9
+    p[...] = xp.asarray(0.0)
+    opt.step([g])  # resumes from the kept buffer
+    dampening = 0.0 if nesterov else 0.5
+    new_buf = 0.9 * buf + (1 - dampening) * host(g)
+    np.testing.assert_allclose(host(opt.state("momentum_buffer")[0]), new_buf)
+    np.testing.assert_allclose(host(p), -(host(g) + 0.9 * new_buf) if nesterov else -new_buf)
 
 # ---- clip_grad_norm and all_finite ----------------------------------------------------------
 
@@ -830,6 +1049,34 @@ def test_all_finite(rng):
     assert counter.count == 0
     assert ok.dtype == np.bool_ and bool(ok) is True
     assert bool(bad) is False and bool(nan) is False
+
+
+def test_all_finite_takes_0d_arrays_on_every_backend(xp):
+    """A model with a scalar parameter: ``skip_if=~all_finite(grads)`` takes its 0-d gradient
+    (NumPy's isfinite of a 0-d array is a NumPy bool, not an array)."""
+    with counting() as counter:
+        flags = [optim.all_finite([xp.asarray(1.0)]),
+                 optim.all_finite([xp.asarray(np.nan)]),
+                 optim.all_finite([xp.ones(3), xp.asarray(2.0, dtype=np.float32)]),
+                 optim.all_finite([xp.ones(3), xp.asarray(-np.inf)])]
+    assert counter.count == 0
+    assert [f.dtype for f in flags] == [np.bool_] * 4
+    assert [bool(f) for f in flags] == [True, False, True, False]
+
+
+def test_loss_scaling_with_a_scalar_parameter(xp):
+    """The README's loop on a model with a 0-d parameter: overflowing steps are skipped on the
+    device, the others applied, with no sync."""
+    w, b = xp.zeros(3), xp.asarray(0.0)
+    opt = optim.SGD([w, b], lr=0.5)
+    grads = [xp.ones(3), xp.asarray(2.0)]
+    with counting() as counter:
+        for value in (1.0, np.inf, 1.0):
+            grads[1][...] = xp.asarray(value)
+            opt.step(grads, skip_if=~optim.all_finite(grads))
+    assert counter.count == 0
+    np.testing.assert_array_equal(host(w), [-1.0, -1.0, -1.0])
+    assert host(b) == -1.0 and int(opt.step_count) == 2
 
 
 # ---- bad input -------------------------------------------------------------------------------

@@ -1,16 +1,21 @@
 """The CuPy launch path of gpuscalar.optim, run on the CPU against an emulated CUDA device.
 
 Why this file exists: CI has no GPU, so the code that only CuPy runs -- address tables, block
-tables, gradient-address uploads, kernel arguments, the step-counter kernel -- would otherwise
-first execute on a real device. Here a backend that is not host-evaluating (as CuPy) receives
-every `launch_kernel` call, checks each argument against the C type of the generated kernel's
+tables, the kernel that writes gradient addresses from its arguments, kernel arguments, the
+step-counter kernel, and what a CUDA graph replay does to them -- would otherwise first execute
+on a real device. Here a backend that is not host-evaluating (as CuPy) receives every
+`launch_kernel` call, checks each argument against the C type of the generated kernel's
 parameter (a CuPy RawKernel passes a NumPy scalar by its dtype: a float64 for a ``const float``
-would be garbage on a GPU), reads the tables' addresses back to the arrays they point into, and
-runs the generated code's scalar lines and the Program's strings with NumPy, block by block.
+would be garbage on a GPU; a struct parameter takes a size-one NumPy array of the struct's
+dtype), reads the tables' addresses back to the arrays they point into, and runs the generated
+code's scalar lines and the Program's strings with NumPy, block by block. It records graphs as
+CuPy does (launches kept with copies of their by-value arguments, uploads refused) and replays
+them without running the step's Python.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import pathlib
@@ -38,17 +43,38 @@ _C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "i
             "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
 
 
+def _structs(source: str) -> dict[str, np.dtype]:
+    """The structs a source declares (``struct S { long long f[N]; };``), as the NumPy dtypes
+    whose size-one arrays CuPy passes by value for them (field by field, no padding: every
+    field of these structs has the struct's alignment)."""
+    found = {}
+    for sname, body in re.findall(r"struct (\w+) \{(.*?)\};", source):
+        fields = []
+        for ctype, field, count in re.findall(r"([\w ]+?) (\w+)(?:\[(\d+)\])?;", body):
+            shape = (int(count),) if count else ()
+            fields.append((field, _C_TYPES[ctype.strip()], shape))
+        found[sname] = np.dtype(fields)
+    return found
+
+
 def _parse(source: str, name: str) -> tuple[np.dtype | None, list[tuple], str]:
     """The kernel's T, its parameters as (declaration, NumPy dtype, is_pointer, name), and the
     source after the signature."""
     signature = re.search(rf'void {name}\((.*?)\) {{', source).group(1)
     typedef = re.search(r"typedef (\w+) T;", source)
     t_type = np.dtype(_C_TYPES[typedef.group(1)]) if typedef else None
+    structs = _structs(source)
     params = []
     for param in (p.strip() for p in signature.split(",")):
         match = re.fullmatch(r"(?:const )?([\w ]+?)(\*)?(?: __restrict__)? (\w+)", param)
         ctype, pointer, pname = match.groups()
-        want = t_type if ctype == "T" else np.dtype(_C_TYPES[ctype])
+        if ctype == "T":
+            want = t_type
+        elif ctype in structs:
+            assert not pointer, f"{param}: a struct is passed by value"
+            want = structs[ctype]
+        else:
+            want = np.dtype(_C_TYPES[ctype])
         params.append((param, want, bool(pointer), pname))
     return t_type, params, source[source.index(signature) + len(signature):]
 
@@ -93,13 +119,24 @@ class NativeKernels:
         assert result.returncode == 0, result.stderr[-4000:]
         self.lib = ctypes.CDLL(str(lib))
 
+    def _by_value(self, arg: Any, dtype: np.dtype) -> Any:
+        if dtype.fields is None:
+            return self._CTYPES[dtype](arg.item())
+        fields = []  # a ctypes struct of the same layout, passed by value as the driver would
+        for field, (field_dtype, _) in dtype.fields.items():
+            ctype = self._CTYPES[field_dtype.base]
+            fields.append((field, ctype * field_dtype.shape[0] if field_dtype.shape else ctype))
+        struct = type("Struct", (ctypes.Structure,), {"_fields_": fields})
+        assert ctypes.sizeof(struct) == dtype.itemsize
+        return struct.from_buffer_copy(arg.tobytes())
+
     def launch(self, source: str, args: list[tuple], grid: int, block: int,
                device: EmulatedCuda) -> None:
         function = getattr(self.lib, f"gs_launch_{self.index[source]}")
         values = [ctypes.c_longlong(grid), ctypes.c_longlong(block)]
         for arg, dtype, pointer in args:
             values.append(ctypes.c_void_p(device.data_address(arg)) if pointer
-                          else self._CTYPES[dtype](arg.item()))
+                          else self._by_value(arg, dtype))
         function.restype = None
         function(*values)
 
@@ -112,7 +149,12 @@ class _Namespace(types.SimpleNamespace):
 
 
 class EmulatedCuda(backend_module.Backend):
-    """A device backend (kernels, not host evaluation) whose kernels run as NumPy emulations."""
+    """A device backend (kernels, not host evaluation) whose kernels run as NumPy emulations.
+
+    It also emulates CUDA graph capture as CuPy does it (`record` / `replay`): while recording,
+    launches are recorded, not run, with their by-value arguments copied (the graph keeps the
+    values; pointers keep pointing at the same memory), and an upload is refused; a replay
+    runs the recorded launches without running any Python of the step."""
 
     name = "emulated-cuda"
 
@@ -121,6 +163,9 @@ class EmulatedCuda(backend_module.Backend):
         self.launches: list[str] = []
         self.sources: dict[str, str] = {}  # every source launched -> its kernel name
         self.native = native
+        self._by_address: list[tuple[int, int]] = []  # (address, index in buffers), sorted
+        self.recording: list[tuple] | None = None  # launches of a graph being recorded
+        self.max_chunk = optim.MULTI_TENSOR_CHUNK  # the longest block a multi-tensor launch has
         self._xp = _Namespace(
             zeros=lambda *a, **k: self._new(np.zeros(*a, **k)),
             asarray=lambda a, dtype=None: self._new(np.array(a, dtype=dtype, copy=True)),
@@ -135,6 +180,7 @@ class EmulatedCuda(backend_module.Backend):
     def _new(self, data: np.ndarray) -> EmuArray:
         array = data.view(EmuArray)
         self.buffers.append(array)
+        bisect.insort(self._by_address, (self.data_address(array), len(self.buffers) - 1))
         return array
 
     def owns(self, value: object) -> bool:
@@ -153,6 +199,9 @@ class EmulatedCuda(backend_module.Backend):
         return int(array.__array_interface__["data"][0])
 
     def upload(self, array: Any, host: np.ndarray) -> None:
+        if self.recording is not None:  # as cupy.cuda.memory.MemoryPointer.copy_from_host_async
+            raise RuntimeError("the current stream is capturing, so H2D transfers are "
+                               "disallowed")
         assert type(host) is np.ndarray and host.dtype == array.dtype
         assert array.flags.c_contiguous
         self.call(np.copyto, array, host)
@@ -163,13 +212,40 @@ class EmulatedCuda(backend_module.Backend):
         self.sources[source] = name
         if grid is None:  # as CupyBackend.launch_kernel: a grid-stride loop over ``size``
             grid = max(1, min((size + block - 1) // block, 65535))
+        if self.recording is not None:
+            # the graph node keeps copies of the by-value arguments, taken now
+            kept = [arg.copy() if type(arg) is np.ndarray else arg for arg in args]
+            self.recording.append((source, name, kept, grid, block))
+            sync.note_device_op()
+            return
         self.call(self._run, source, name, list(args), grid, block)
+
+    @contextlib.contextmanager
+    def record(self) -> Any:
+        """Record the block's launches as a graph (as gs.capture does on CuPy: a graph body);
+        yields the list of recorded launches."""
+        self.recording = []
+        try:
+            with sync.graph_body():
+                yield self.recording
+        finally:
+            self.recording = None
+
+    def replay(self, graph: list[tuple]) -> None:
+        """Run a recorded graph: the launches alone, no Python of the step (one op)."""
+        sync.note_graph_replay()
+        with sync.one_device_op():
+            for source, name, args, grid, block in graph:
+                self._run(source, name, list(args), grid, block)
 
     # ---- the emulation ------------------------------------------------------------------
     def _memory(self, address: int, dtype: np.dtype, count: int) -> np.ndarray:
         """``count`` elements at ``address``, as a view of the allocation that holds them."""
-        for buffer in self.buffers:
-            base = self.data_address(buffer)
+        # live allocations do not overlap: the one starting last at or before ``address``
+        # (or an empty one at the same address) is the only candidate
+        at = bisect.bisect_right(self._by_address, (address, len(self.buffers)))
+        for base, index in reversed(self._by_address[max(0, at - 4):at]):
+            buffer = self.buffers[index]
             if base <= address and address + count * dtype.itemsize <= base + buffer.nbytes:
                 assert (address - base) % dtype.itemsize == 0, "misaligned address"
                 flat = np.asarray(buffer).reshape(-1).view(np.uint8)
@@ -186,18 +262,24 @@ class EmulatedCuda(backend_module.Backend):
             if pointer:
                 assert type(arg) is EmuArray and arg.dtype == want, (
                     f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
-                env[pname] = arg
+            elif want.fields is not None:  # CuPy passes a size-one NumPy array by value
+                assert type(arg) is np.ndarray and arg.size == 1 and arg.dtype == want and (
+                    arg.flags.c_contiguous), (
+                    f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
             else:
                 assert isinstance(arg, np.generic) and arg.dtype == want, (
                     f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
-                env[pname] = arg
+            env[pname] = arg
         if name.endswith("_mt"):  # every address the kernel will read lies in an allocation
             blocks = np.asarray(env["blocks"]).reshape(3, -1)
             assert blocks.shape[1] == int(env["n_blocks"]) == grid
             for tensor, start, end in blocks.T:
-                assert 0 <= start < end and end - start <= optim.MULTI_TENSOR_CHUNK
+                assert 0 <= start < end and end - start <= self.max_chunk
                 for table in (pname for _, _, _, pname in params if pname.endswith("_t")):
                     self._memory(int(np.asarray(env[table])[tensor]), t_type, int(end))
+        if name == "gpuscalar_write_addresses":  # one block; n fits the struct and the table
+            n = int(env["n"])
+            assert grid == 1 and 0 < n <= optim.ADDRESS_CHUNK and n <= env["table"].size
         if self.native is not None:
             self.native.launch(source, [(arg, want, pointer) for (_, want, pointer, _), arg
                                         in zip(params, args, strict=True)], grid, block, self)
@@ -214,6 +296,9 @@ class EmulatedCuda(backend_module.Backend):
                 return  # "if (skip) return;"
         if name == "gpuscalar_count_step":
             env["count"][()] += 1
+            return
+        if name == "gpuscalar_write_addresses":
+            env["table"][:n] = env["addresses"]["address"][0, :n]
             return
         program = next(p for p in optim.PROGRAMS
                        if name in (f"gpuscalar_{p.name}_{t_type.name}",
@@ -273,9 +358,10 @@ def test_classes_on_the_launch_path(emu, rng, config, grads_mode):
         with sync._activate(sync.SyncCounter()) as counter:
             opt.step(grads, skip_if=skip_flags[t == 3])
         assert counter.count == 0
-        assert counter.device_ops == (3 if grads_mode == "new" or t == 0 else 2)
-        assert emu.launches == [f"gpuscalar_{opt._program.name}_float32_mt",
-                                "gpuscalar_count_step"]
+        written = grads_mode == "new" or t == 0  # the gradient table: one launch (8 tensors)
+        assert counter.device_ops == (3 if written else 2)
+        assert emu.launches == ["gpuscalar_write_addresses"] * written + [
+            f"gpuscalar_{opt._program.name}_float32_mt", "gpuscalar_count_step"]
         if t != 3:
             ref.step([g.astype(np.float64) for g in host_grads])
     for got, want in zip(params, ref.params, strict=True):
@@ -298,8 +384,8 @@ def test_dtype_groups_and_device_hyperparameters_on_the_launch_path(emu, rng):
     for t in range(1, 4):
         emu.launches.clear()
         opt.step(grads)
-        assert emu.launches == ["gpuscalar_adam_float32_mt", "gpuscalar_adam_float64_mt",
-                                "gpuscalar_count_step"]
+        assert emu.launches == ["gpuscalar_write_addresses"] * (t == 1) + [
+            "gpuscalar_adam_float32_mt", "gpuscalar_adam_float64_mt", "gpuscalar_count_step"]
         for i, g in enumerate(grads):
             init[i], m[i], v[i] = ref_adam(init[i].astype(dtypes[i]).astype(np.float64),
                                            np.asarray(g, np.float64), m[i], v[i], t, 2e-2,
@@ -342,6 +428,218 @@ def test_state_dict_round_trip_on_the_launch_path(emu, rng):
     other.step(grads)
     for a, b in zip(params, copies, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _table(emu, opt) -> list[int]:
+    """The emulated device's gradient table of ``opt``, as a list of addresses."""
+    return np.asarray(opt._grad_table).tolist()
+
+
+def test_gradient_table_is_written_from_kernel_arguments(emu, rng):
+    """New gradient arrays: the table is written by `gpuscalar_write_addresses`, whose
+    arguments (checked against the generated C signature: the table slice, the count as int64,
+    the addresses as a size-one NumPy struct passed by value) hold the arrays' addresses, one
+    launch per ADDRESS_CHUNK tensors, and never by an upload (refused here: it would be a
+    host-to-device copy)."""
+    n = 2 * optim.ADDRESS_CHUNK + 3  # three chunks, the last one short
+    dtypes = [np.float64 if k % 3 == 0 else np.float32 for k in range(n)]  # two dtype groups
+    params = [emu.xp.asarray(rng.standard_normal(k % 4 + 1), dtype=d)
+              for k, d in enumerate(dtypes)]
+    init = [np.array(p, dtype=np.float64) for p in params]
+    opt = optim.SGD(params, lr=0.5)
+    emu.upload = None  # any upload would fail: the table is written by kernels
+    for _ in range(2):
+        host_grads = [rng.standard_normal(p.shape) for p in params]
+        grads = [emu.xp.asarray(g, dtype=p.dtype)
+                 for g, p in zip(host_grads, params, strict=True)]
+        emu.launches.clear()
+        with sync._activate(sync.SyncCounter()) as counter:
+            opt.step(grads)
+        assert counter.count == 0 and counter.device_ops == 3 + 2 + 1
+        assert emu.launches == ["gpuscalar_write_addresses"] * 3 + [
+            "gpuscalar_sgd_float64_mt", "gpuscalar_sgd_float32_mt", "gpuscalar_count_step"]
+        # the table holds each gradient's address, in table order (dtype group by group)
+        assert _table(emu, opt) == [emu.data_address(grads[i]) for i in opt._order]
+        for i, g in enumerate(host_grads):
+            init[i] = init[i].astype(dtypes[i]).astype(np.float64) - 0.5 * g.astype(dtypes[i])
+        for p, want in zip(params, init, strict=True):
+            np.testing.assert_allclose(np.asarray(p, dtype=np.float64), want, rtol=1e-6)
+
+
+def test_the_emulator_checks_the_address_struct(emu):
+    """The argument check can fail for the struct too: addresses passed as an int64 array
+    (CuPy would refuse a size-500 NumPy array), or a struct of the wrong size."""
+    source, name = optim.address_table_source()
+    table = emu.xp.zeros(4, dtype=np.int64)
+    addresses = np.arange(optim.ADDRESS_CHUNK, dtype=np.int64)
+    with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray int64"):
+        emu.launch_kernel(source, name, 4, [table, np.int64(4), addresses], grid=1)
+    short = np.zeros(1, np.dtype([("address", np.int64, (optim.ADDRESS_CHUNK - 1,))]))
+    with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray"):
+        emu.launch_kernel(source, name, 4, [table, np.int64(4), short], grid=1)
+    emu.launch_kernel(source, name, 3, [table, np.int64(3), addresses.view(optim.ADDRESS_STRUCT)],
+                      grid=1)
+    assert np.asarray(table).tolist() == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("config", ["adam", "sgd_momentum"])
+def test_captured_step_with_new_gradient_arrays_on_the_launch_path(emu, rng, config):
+    """A graph recorded as CuPy records one (no upload possible; by-value arguments kept;
+    replays run no Python) of a step that makes NEW gradient arrays each call (as an AD loop
+    does; at recording they come from the graph's pool, whose addresses the replays reuse, and
+    the graph's earlier nodes write them): every replay updates with the values written there,
+    matching the float64 reference over many replays, with zero syncs and one op each."""
+    cls, kw = CONFIGS[config]
+    shapes = [(3, 5), (7,), (), (5000,)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [emu.xp.asarray(p) for p in init]
+    opt = cls(params, **kw)
+    ref = Reference(config, init)
+    made = []  # the gradient arrays each call of the step made
+
+    def step() -> None:
+        grads = [emu.xp.zeros(s, dtype=np.float32) for s in shapes]
+        made.append(grads)
+        opt.step(grads)
+
+    for _ in range(2):  # warm-up: eager steps, as gs.capture's, on the zeros they make
+        step()
+        ref.step([np.zeros(s) for s in shapes])
+    with emu.record() as graph:
+        step()
+    assert [launch[1] for launch in graph] == ["gpuscalar_write_addresses",
+                                               f"gpuscalar_{opt._program.name}_float32_mt",
+                                               "gpuscalar_count_step"]
+    recorded = made[-1]
+    # an eager step on the recorded arrays before any replay: the recording ran nothing, so the
+    # table still points at the last warm-up's arrays and must be written
+    host_grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    for g, h in zip(recorded, host_grads, strict=True):
+        np.copyto(g, h)
+    opt.step(recorded)
+    ref.step([h.astype(np.float64) for h in host_grads])
+    for _ in range(12):
+        host_grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for g, h in zip(recorded, host_grads, strict=True):
+            np.copyto(g, h)  # what the graph's own nodes would compute into its pool
+        np.asarray(opt._grad_table)[:] = 0  # whatever an eager step left: the replay rewrites
+        with sync._activate(sync.SyncCounter()) as counter:
+            emu.replay(graph)
+        assert counter.count == 0 and counter.device_ops == 1
+        ref.step([h.astype(np.float64) for h in host_grads])
+    assert int(opt.step_count) == 15
+    for got, want in zip(params, ref.params, strict=True):
+        assert rel_error(np.asarray(got), want) < 1e-5
+
+
+def test_eager_steps_between_replays_on_the_launch_path(emu, rng):
+    """Eager steps with other gradients between replays: the replay restores the table it was
+    recorded with, even when the recording passed the same arrays as the step before it (the
+    body always writes the table), and an eager step after a replay rewrites its own, even
+    with the same arrays as the eager step before (a replay moved `sync.graph_replays()`)."""
+    shape = (6,)
+    p0 = rng.standard_normal(shape).astype(np.float32)
+    p = emu.xp.asarray(p0)
+    opt = optim.SGD([p], lr=1.0)
+    static = emu.xp.asarray(np.full(shape, 1.0, np.float32))  # the captured step's gradients
+    other = emu.xp.asarray(np.full(shape, 100.0, np.float32))
+    for _ in range(2):
+        opt.step([static])  # warm-up with the arrays the step is then recorded with
+    with emu.record() as graph:
+        opt.step([static])
+    expected = p0.astype(np.float64) - 2 * 1.0
+    for grads, replay in [(other, False), (None, True), (other, False), (other, False),
+                          (None, True), (None, True), (static, False), (other, False)]:
+        emu.launches.clear()
+        if replay:
+            emu.replay(graph)
+            expected = expected - 1.0
+        else:
+            opt.step([grads])
+            expected = expected - np.asarray(grads, dtype=np.float64)
+        np.testing.assert_allclose(np.asarray(p, dtype=np.float64), expected, rtol=1e-6)
+    assert int(opt.step_count) == 10
+
+
+@pytest.mark.parametrize("chunk", [1000, 65536])
+def test_chunk_size_is_the_block_tables_alone(emu, rng, chunk):
+    """Another `chunk_size` (what bench/gpu_adam.py compares) changes only the block table:
+    the same kernel source, blocks of at most ``chunk`` elements, the same numbers."""
+    shapes = [(9000,), (3, 5), (), (70000,)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [emu.xp.asarray(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+    class Chunked(optim.Adam):
+        chunk_size = chunk
+
+    results, sources = [], []
+    for cls in (optim.Adam, Chunked):
+        emu.max_chunk = cls.chunk_size
+        params = [emu.xp.asarray(p) for p in init]
+        opt = cls(params, lr=1e-2)
+        emu.sources.clear()
+        for _ in range(3):
+            opt.step(grads)
+        blocks = np.asarray(opt._groups[0]._blocks)
+        assert blocks.shape[1] == sum(-(-s // cls.chunk_size) for s in (9000, 15, 1, 70000))
+        assert (blocks[2] - blocks[1]).max() == min(cls.chunk_size, 70000)
+        results.append([np.array(p, copy=True) for p in params])
+        sources.append(set(emu.sources))
+    assert sources[0] == sources[1]
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gpu_adam_bench_runs_on_the_launch_path(emu, rng, capsys):
+    """bench/gpu_adam.py's rows (the chunk sizes compared among them) and its report, with
+    PyTorch's rows present or not, run on the emulated device with tiny sizes (the GPU run is
+    the first that can time them; no timing is checked here, only what is reported)."""
+    from bench import gpu_adam
+
+    def new(data: np.ndarray) -> EmuArray:
+        return emu._new(np.ascontiguousarray(data))
+
+    fake_cupy = types.SimpleNamespace(
+        float32=np.float32,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
+        empty=lambda n, dtype: new(np.empty(n, dtype)),
+        empty_like=lambda a: new(np.empty_like(a)),
+        zeros_like=lambda a: new(np.zeros_like(a)),
+        copy=lambda a: new(np.array(a, copy=True)),
+        concatenate=lambda arrays: new(np.concatenate(arrays)),
+        copyto=np.copyto,
+        sqrt=np.sqrt,
+        random=types.SimpleNamespace(
+            standard_normal=lambda n, dtype: new(rng.standard_normal(n).astype(dtype))),
+    )
+    emu.max_chunk = 65536
+    rows = gpu_adam._large_rows(fake_cupy, 70000, 2, [4096, 16384, 65536])
+    rows += gpu_adam._many_rows(fake_cupy, 3, 100, 2)
+    names = [r["name"] for r in rows]
+    assert names == ["copy", "Adam class", "Adam class, chunk 16,384", "Adam class, chunk 65,536",
+                     "flat buffer (adam_step)", "CuPy unfused", "Adam class",
+                     "Adam class, new grads", "flat buffer (adam_step)", "adam_step loop"]
+    assert [r.get("chunk") for r in rows[1:4]] == [4096, 16384, 65536]
+    acceptance = gpu_adam._report([dict(r) for r in rows])
+    assert acceptance["best_chunk"] in (4096, 16384, 65536)
+    assert acceptance["large_beats_torch_fused"] is None
+    assert "no comparison with its fused Adam" in capsys.readouterr().out
+    torch_rows = [{"name": "torch fused", "case": rows[1]["case"], "ms_per_step": 1e9,
+                   "gb_per_s": 1e-9},
+                  {"name": "torch fused", "case": rows[6]["case"], "ms_per_step": 1e-9,
+                   "gb_per_s": 1e9}]
+    acceptance = gpu_adam._report([dict(r) for r in rows] + torch_rows)
+    assert acceptance["large_beats_torch_fused"] is True
+    assert acceptance["many_tensors_beats_torch_fused"] is False
+    out = capsys.readouterr().out
+    assert "gpuscalar faster" in out and "PyTorch faster" in out
+
+
+def test_cupy_upload_is_refused_inside_a_graph_body():
+    """Belt and braces: CupyBackend.upload raises, naming the problem, inside a captured step
+    (checked before CuPy is touched: this runs without a GPU)."""
+    with sync.graph_body(), pytest.raises(RuntimeError, match="inside a captured step"):
+        backend_module.CUPY.upload(object(), np.zeros(3))
 
 
 def test_the_emulator_rejects_a_wrongly_typed_argument(emu):
@@ -409,7 +707,8 @@ def test_generated_cuda_c_runs_natively(monkeypatch, tmp_path):
     expected = _scenario(emulated, seed=7)
     kernels = {name.removesuffix("_mt").rsplit("_", 1)[0] for name in emulated.sources.values()}
     assert kernels == {"gpuscalar_adam", "gpuscalar_adamw", "gpuscalar_sgd",
-                       "gpuscalar_sgd_momentum", "gpuscalar_sgd_nesterov", "gpuscalar_count"}
+                       "gpuscalar_sgd_momentum", "gpuscalar_sgd_nesterov", "gpuscalar_count",
+                       "gpuscalar_write"}
     native = EmulatedCuda(NativeKernels(emulated.sources, tmp_path))
     monkeypatch.setattr(backend_module, "BACKENDS", [native, *backend_module.BACKENDS[1:]])
     got = _scenario(native, seed=7)
