@@ -1,8 +1,9 @@
 """pytest-benchmark: GPUScalar scalar-op overhead (``pytest bench --benchmark-enable``).
 
-Each benchmark times the GPUScalar op (lazily: recording a node); the raw backend 0-d op is timed
-alongside and the ratio recorded in ``extra_info``. The exact device-op counts (none lazily, one
-backend call per op eagerly) are asserted, which also runs in CI where benchmarks are disabled.
+Each benchmark times the GPUScalar op (lazily: recording its node(s)); the raw backend 0-d op is
+timed alongside and the ratio recorded in ``extra_info``. The exact device-op counts (none
+lazily, the backend calls eagerly) are asserted, which also runs in CI where benchmarks
+are disabled.
 """
 
 from __future__ import annotations
@@ -12,21 +13,26 @@ import pytest
 
 import gpuscalar as gs
 
-from .overhead import best_time, cases
+from .overhead import best_time, cases, helper_cases
 
-CASES = cases(np)
+CASES = {name: (ours, raw, 1, 1) for name, (ours, raw) in cases(np).items()}
+CASES.update(helper_cases(np))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_scalar_op_overhead(benchmark, name):
-    ours, raw = CASES[name]
+    ours, raw, nodes, calls = CASES[name]
     with gs.count_syncs() as counter:
         result = ours()
-    assert counter.device_ops == 0 and counter.count == 0  # a pending expression
-    assert isinstance(result, gs.GPUScalar) and not result.is_materialized
+    assert counter.device_ops == 0 and counter.count == 0  # pending expression(s)
+    results = result if isinstance(result, tuple) else (result,)
+    assert all(isinstance(r, gs.GPUScalar) and not r.is_materialized for r in results)
+    assert sum(r._node[1] for r in results) == nodes  # the nodes recorded
     with gs.lazy(False), gs.count_syncs() as counter:
         result = ours()
-    assert counter.device_ops == 1 and counter.count == 0 and result.is_materialized
+    results = result if isinstance(result, tuple) else (result,)
+    assert counter.device_ops == calls and counter.count == 0
+    assert all(r.is_materialized for r in results)
     benchmark(ours)
     if benchmark.enabled:
         benchmark.extra_info["raw_ns"] = best_time(raw, 20000, 5) * 1e9

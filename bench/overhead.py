@@ -10,9 +10,12 @@ writes the numbers). For each operation it times:
 - *raw*: the same operation on the backend's 0-d arrays directly.
 
 On NumPy the raw op costs a few hundred nanoseconds, so the ratios show gpuscalar's overhead at
-its most visible; on CuPy each raw or eager op is a kernel launch. It also times one host read
-of a small reduction with the device idle (``float(gs.sum(x))``): on NumPy a copy of memory
-already on the host, on a GPU a launch, a sync and a device-to-host copy.
+its most visible; on CuPy each raw or eager op is a kernel launch. The operators come first
+(``ops``), then the helpers and NumPy ufuncs on GPUScalars (``helpers``: ``gs.minimum``,
+``gs.where``, ``np.minimum`` through ``__array_ufunc__``, ``divmod``, ``round``, ``gs.clip``),
+some of which record two nodes (``nodes``), where eager code makes two backend calls. It also
+times one host read of a small reduction with the device idle (``float(gs.sum(x))``): on NumPy a
+copy of memory already on the host, on a GPU a launch, a sync and a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import json
 import timeit
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 import gpuscalar as gs
 from gpuscalar.backend import get_backend
@@ -37,6 +42,26 @@ def cases(xp: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
         "s < t": (lambda: s < t, lambda: a < b),
         "-s": (lambda: -s, lambda: -a),
         "gs.sqrt(s)": (lambda: gs.sqrt(s), lambda: xp.sqrt(a)),
+    }
+
+
+def helper_cases(xp: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int, int]]:
+    """name -> (gpuscalar op, raw backend op(s) on 0-d arrays, nodes it records lazily, backend
+    calls it makes eagerly)."""
+    a, b = xp.asarray(1.5), xp.asarray(2.5)
+    yes = xp.asarray(True)
+    s, t, c = gs.GPUScalar(a), gs.GPUScalar(b), gs.GPUScalar(yes)
+    return {
+        "gs.minimum(s, t)": (lambda: gs.minimum(s, t), lambda: xp.minimum(a, b), 1, 1),
+        "gs.minimum(1.0, s)": (lambda: gs.minimum(1.0, s), lambda: xp.minimum(1.0, a), 1, 1),
+        "gs.maximum(s, 0.0)": (lambda: gs.maximum(s, 0.0), lambda: xp.maximum(a, 0.0), 1, 1),
+        "np.minimum(s, t)": (lambda: np.minimum(s, t), lambda: xp.minimum(a, b), 1, 1),
+        "gs.where(c, s, t)": (lambda: gs.where(c, s, t), lambda: xp.where(yes, a, b), 1, 1),
+        "gs.where(c, s, 0.0)": (lambda: gs.where(c, s, 0.0), lambda: xp.where(yes, a, 0.0), 1, 1),
+        "round(s, 2)": (lambda: round(s, 2), lambda: xp.round(a, 2), 1, 1),
+        "divmod(s, t)": (lambda: divmod(s, t), lambda: xp.divmod(a, b), 2, 1),
+        "gs.clip(s, 0.0, 1.0)": (lambda: gs.clip(s, 0.0, 1.0),
+                                 lambda: xp.minimum(xp.maximum(a, 0.0), 1.0), 2, 2),
     }
 
 
@@ -62,8 +87,9 @@ def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -
     """Nanoseconds per op (lazy, eager, raw) for each case, and the idle read latency."""
     backend = get_backend(backend_name)
     xp = backend.xp
-    rows = {}
-    for name, (ours, raw) in cases(xp).items():
+
+    def row(ours: Callable[[], Any], raw: Callable[[], Any], nodes: int = 1,
+            calls: int = 1) -> dict[str, Any]:
         lazy_s = best_time(ours, number, repeat)
         with gs.lazy(False):
             ours()  # compile the eager kernels first (CuPy)
@@ -71,20 +97,24 @@ def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -
         raw()
         raw_s = best_time(raw, number, repeat)
         backend.synchronize()
-        rows[name] = {"lazy_ns": lazy_s * 1e9, "eager_ns": eager_s * 1e9, "raw_ns": raw_s * 1e9,
-                      "lazy_ratio": lazy_s / raw_s, "eager_ratio": eager_s / raw_s}
-    return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": rows,
-            "read_latency_us": read_latency(backend_name) * 1e6,
+        return {"lazy_ns": lazy_s * 1e9, "eager_ns": eager_s * 1e9, "raw_ns": raw_s * 1e9,
+                "lazy_ratio": lazy_s / raw_s, "eager_ratio": eager_s / raw_s, "nodes": nodes,
+                "eager_calls": calls}
+
+    ops = {name: row(*functions) for name, functions in cases(xp).items()}
+    helpers = {name: row(*functions) for name, functions in helper_cases(xp).items()}
+    return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": ops,
+            "helpers": helpers, "read_latency_us": read_latency(backend_name) * 1e6,
             "read_is_device_sync": not backend.evaluates_on_host}
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'op':<12} {'lazy':>9} {'eager':>9} {'raw 0-d':>9} {'lazy/raw':>9} "
+    lines = [f"{'op':<20} {'nodes':>5} {'lazy':>9} {'eager':>9} {'raw 0-d':>9} {'lazy/raw':>9} "
              f"{'eager/raw':>9}"]
-    for name, row in result["ops"].items():
-        lines.append(f"{name:<12} {row['lazy_ns']:>7.0f}ns {row['eager_ns']:>7.0f}ns "
-                     f"{row['raw_ns']:>7.0f}ns {row['lazy_ratio']:>8.2f}x "
-                     f"{row['eager_ratio']:>8.2f}x")
+    for name, row in (*result["ops"].items(), *result.get("helpers", {}).items()):
+        lines.append(f"{name:<20} {row.get('nodes', 1):>5} {row['lazy_ns']:>7.0f}ns "
+                     f"{row['eager_ns']:>7.0f}ns {row['raw_ns']:>7.0f}ns "
+                     f"{row['lazy_ratio']:>8.2f}x {row['eager_ratio']:>8.2f}x")
     what = ("a reduction launch, the wait, the copy" if result["read_is_device_sync"]
             else "no device: a host reduction, not a GPU sync")
     lines.append(f"float(gs.sum(small array)), queue idle: {result['read_latency_us']:.1f} us "

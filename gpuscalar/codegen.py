@@ -23,7 +23,9 @@ expression, used by the materializing kernel, by the fused array-operation kerne
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,19 @@ class FusionUnsupported(Exception):
     """This operation has no CuPy routine to fuse (the caller evaluates it eagerly instead)."""
 
 
+@contextlib.contextmanager
+def _cupy_internals(what: str) -> Iterator[None]:
+    """Code generation reads CuPy's private internals (CuPy 14: a ufunc's ``_ops`` and
+    ``_preamble``, ``_scalar.get_typename``, ``_where_ufunc``, ...). A CuPy version without one
+    of them makes fusion unsupported, not broken: the caller evaluates eagerly, unfused."""
+    try:
+        yield
+    except (AttributeError, ImportError) as error:
+        raise FusionUnsupported(
+            f"CuPy's {what} is not available in this CuPy version ({error}); evaluated eagerly"
+        ) from error
+
+
 #: Keeps each operation's value in a register the compiler cannot see through: no FMA spans two
 #: operations, as none can between two eager kernels. Integers and float16 (rounded to half by
 #: every CuPy operation) need no barrier.
@@ -82,10 +97,11 @@ def _cupy() -> Any:
 def cuda_type(dtype: np.dtype, headers: list[str] | None = None) -> str:
     """CuPy's C type name for ``dtype`` (``float``, ``thrust::complex<double>``, ``float16``);
     headers a type needs are appended to ``headers``."""
-    from cupy._core import _scalar  # noqa: PLC0415
+    with _cupy_internals("_scalar.get_typename"):
+        from cupy._core import _scalar  # noqa: PLC0415
 
-    needed: set[Any] = set()
-    name = _scalar.get_typename(dtype, needed)
+        needed: set[Any] = set()
+        name = _scalar.get_typename(dtype, needed)
     if headers is not None:
         for header in sorted(needed, key=str):
             if header not in headers:
@@ -112,18 +128,19 @@ def cast_expression(src: np.dtype, dst: np.dtype, expression: str) -> str:
 
 def _cupy_ufunc(op: expr.Op) -> Any:
     cupy = _cupy()
-    if op.kind == "ufunc":
-        ufunc = getattr(cupy, op.name, None)
-    elif op.kind == "where":
-        from cupy._sorting import search  # noqa: PLC0415
+    with _cupy_internals(f"ufunc for {op.kind}"):
+        if op.kind == "ufunc":
+            ufunc = getattr(cupy, op.name, None)
+        elif op.kind == "where":
+            from cupy._sorting import search  # noqa: PLC0415
 
-        ufunc = search._where_ufunc
-    elif op.kind == "round":
-        from cupy._core import core  # noqa: PLC0415
+            ufunc = search._where_ufunc
+        elif op.kind == "round":
+            from cupy._core import core  # noqa: PLC0415
 
-        ufunc = core._round_ufunc
-    else:
-        ufunc = None
+            ufunc = core._round_ufunc
+        else:
+            ufunc = None
     if ufunc is None or not hasattr(ufunc, "_ops"):
         raise FusionUnsupported(f"CuPy has no ufunc for {op!r}")
     return ufunc
@@ -135,14 +152,15 @@ def cupy_op(op: expr.Op) -> tuple[Any, Any]:
     CuPy compares int8 values in its int64 loop). Raises `FusionUnsupported` when neither."""
     ufunc = _cupy_ufunc(op)
     in_dtypes = op.in_dtypes if op.kind != "round" else (op.in_dtypes[0], np.dtype(np.int64))
-    for candidate in ufunc._ops.ops:
-        if candidate.in_types == in_dtypes and candidate.out_types == op.out_dtypes:
-            found = candidate
-            break
-    else:
-        found = ufunc._ops._guess_routine_from_in_types(in_dtypes)
-    if found is None or not isinstance(found.routine, str) or ufunc._loop_prep:
-        raise FusionUnsupported(f"CuPy has no fusable routine for {op!r}")
+    with _cupy_internals("ufunc routine table (_ops)"):
+        for candidate in ufunc._ops.ops:
+            if candidate.in_types == in_dtypes and candidate.out_types == op.out_dtypes:
+                found = candidate
+                break
+        else:
+            found = ufunc._ops._guess_routine_from_in_types(in_dtypes)
+        if found is None or not isinstance(found.routine, str) or ufunc._loop_prep:
+            raise FusionUnsupported(f"CuPy has no fusable routine for {op!r}")
     return ufunc, found
 
 
@@ -198,8 +216,9 @@ def plan_code(plan: expr.Plan, prefix: str) -> ScalarCode:
 def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: str,
                      preambles: list[str]) -> list[str]:
     ufunc, routine_op = cupy_op(op)
-    if ufunc._preamble and ufunc._preamble not in preambles:
-        preambles.append(ufunc._preamble)
+    with _cupy_internals("ufunc preamble"):
+        if ufunc._preamble and ufunc._preamble not in preambles:
+            preambles.append(ufunc._preamble)
     headers: list[str] = []
     value_type = cuda_type(op.dtype, headers)
     lines = [f"{value_type} {variable};", "{"]
@@ -236,9 +255,10 @@ def raw_kernel_params(code: ScalarCode) -> list[str]:
 def cupy_headers() -> str:
     """The headers CuPy puts before every elementwise kernel (complex, CArray, ...): a raw
     kernel that runs CuPy's routines includes them itself."""
-    from cupy._core import core  # noqa: PLC0415
+    with _cupy_internals("header list"):
+        from cupy._core import core  # noqa: PLC0415
 
-    return "".join(f"#include <{header}>\n" for header in core._cupy_header_list)
+        return "".join(f"#include <{header}>\n" for header in core._cupy_header_list)
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -303,8 +323,9 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
     ufunc = getattr(cupy, ufunc_name)
     headers: list[str] = []
     preambles = [OPAQUE_PREAMBLE]
-    if ufunc._preamble:
-        preambles.append(ufunc._preamble)
+    with _cupy_internals("ufunc preamble"):
+        if ufunc._preamble:
+            preambles.append(ufunc._preamble)
     params, loop_prep, sources, kept = [], [], [], []
     described = [ufunc_name, repr(routine_op.in_types)]
     for k, operand in enumerate(operands):

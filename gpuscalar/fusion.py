@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from . import codegen, expr
-from .backend import CUPY, Backend
+from .backend import CUPY, NUMPY, Backend
 
-__all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op", "dtype_pins_loop"]
+__all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
+           "cupy_fuses_keywords"]
 
 #: (kind, structure...) -> compiled ElementwiseKernel, or None where fusion is unsupported.
 _KERNELS: dict[tuple, Any] = {}
@@ -116,10 +117,19 @@ def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[s
 
     Returns the result and, for each position in ``keep``, the 0-d array in which the same op
     stored that scalar's value (so its GPUScalar is materialized without a launch of its own).
+    An empty operation keeps nothing: CuPy launches no kernel for an empty shape, so nothing
+    would store the value (every backend decides alike, so CPU tests see the GPU's rule).
+
+    Keyword arguments are the eager call's, every one honoured: on NumPy and the strict device
+    the same NumPy call runs on the host data; on CuPy the fused kernel implements ``out=`` and
+    the parity loop (``dtype=``, ``casting="unsafe"``), and anything else (``where=``, another
+    casting rule, ...) evaluates the scalars first and makes the eager call.
     """
+    if keep and _is_empty(backend, operands, kwargs.get("out")):
+        keep = frozenset()
     if backend.evaluates_on_host:
         return backend.call(_fused_on_host, backend, name, operands, kwargs, pending, keep)
-    if backend is CUPY:
+    if backend is CUPY and cupy_fuses_keywords(kwargs):
         found = _fused_on_cupy(backend, name, operands, kwargs, pending, keep)
         if found is not NotImplemented:
             return found
@@ -128,6 +138,33 @@ def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[s
         evaluated[position] = materialize(backend, root, None)
     kept = {position: evaluated[position] for position in keep}
     return backend.call(backend.ufunc(name), *evaluated, **kwargs), kept
+
+
+#: The keyword arguments `_fused_on_cupy` implements (with ``casting="unsafe"`` only).
+_FUSED_KEYWORDS = frozenset({"out", "dtype", "casting"})
+
+
+def cupy_fuses_keywords(kwargs: dict[str, Any]) -> bool:
+    """Whether the fused CuPy kernel implements every keyword argument of the eager call:
+    ``out=``, and the parity loop gpuscalar pins (``dtype=`` with ``casting="unsafe"``). Any
+    other (``where=``, ``order=``, a ``dtype=`` checked under ``same_kind``, ...) is the eager
+    call's to honour, so the scalars are evaluated first and nothing is dropped."""
+    return _FUSED_KEYWORDS.issuperset(kwargs) and (
+        not kwargs or kwargs.get("casting") == "unsafe")
+
+
+def _is_empty(backend: Backend, operands: list[Any], out: Any) -> bool:
+    """Whether the array operation has no element (an operand or output of size 0)."""
+    outs = () if out is None else out if isinstance(out, tuple) else (out,)
+    return any(backend.owns(a) and a.size == 0 for a in (*operands, *outs))
+
+
+def _host_argument(backend: Backend, value: Any) -> Any:
+    """A keyword argument as the host call takes it: the backend's arrays as their NumPy data
+    (``out=``, ``where=``, in tuples too); anything else unchanged."""
+    if type(value) is tuple:
+        return tuple(_host_argument(backend, v) for v in value)
+    return backend.host_data(value) if backend.owns(value) else value
 
 
 def _fused_on_host(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
@@ -147,13 +184,12 @@ def _fused_on_host(backend: Backend, name: str, operands: list[Any], kwargs: dic
         else:
             args.append(operand)
     out = kwargs.get("out")
-    host_kwargs = dict(kwargs)
-    if out is not None:
-        outs = out if isinstance(out, tuple) else (out,)
-        host_kwargs["out"] = tuple(data(o) for o in outs)
+    host_kwargs = {key: _host_argument(backend, value) for key, value in kwargs.items()}
     result = getattr(np, name)(*args, **host_kwargs)
     if out is not None:
         return out, kept
+    if backend is NUMPY:
+        return result, kept  # as the eager call returns it (a NumPy scalar for 0-d operands)
     if isinstance(result, tuple):
         return tuple(backend.from_host_data(r, like) for r in result), kept
     return backend.from_host_data(result, like), kept
@@ -176,17 +212,25 @@ def eager_cupy_op(ufunc: Any, in_types: tuple[np.dtype, ...], weaks: tuple[Any, 
                   dtype: np.dtype | None) -> Any:
     """The CuPy ``_Op`` an eager call ``ufunc(*args, dtype=dtype)`` runs, for arguments of
     dtypes ``in_types`` where ``weaks[i]`` is the Python type of a Python-number argument
-    (NEP 50 weak) and False for arrays: CuPy's own ``guess_routine``, step by step."""
-    if dtype is not None:
-        ops = ufunc._out_ops if ufunc._out_ops is not None else ufunc._ops
-        return ops._guess_routine_from_dtype(dtype)
-    any_weak = any(w is not False for w in weaks)
-    if any_weak:
-        array_kinds = [_kind_score(t.type) for t, w in zip(in_types, weaks, strict=True) if not w]
-        scalar_kinds = [_kind_score(w) for w in weaks if w]
-        if not array_kinds or max(array_kinds) < max(scalar_kinds):
-            any_weak = False
-    return ufunc._ops._guess_routine_from_in_types(in_types, weaks if any_weak else None)
+    (NEP 50 weak) and False for arrays: CuPy's own ``guess_routine``, step by step.
+
+    These are CuPy's private internals (CuPy 14): where a CuPy version lacks them (or calls them
+    differently) the answer is None, "no routine known", and callers evaluate eagerly, unfused.
+    """
+    try:
+        if dtype is not None:
+            ops = ufunc._out_ops if ufunc._out_ops is not None else ufunc._ops
+            return ops._guess_routine_from_dtype(dtype)
+        any_weak = any(w is not False for w in weaks)
+        if any_weak:
+            array_kinds = [_kind_score(t.type) for t, w in zip(in_types, weaks, strict=True)
+                           if not w]
+            scalar_kinds = [_kind_score(w) for w in weaks if w]
+            if not array_kinds or max(array_kinds) < max(scalar_kinds):
+                any_weak = False
+        return ufunc._ops._guess_routine_from_in_types(in_types, weaks if any_weak else None)
+    except (AttributeError, TypeError):
+        return None
 
 
 _PINNED: dict[tuple[str, np.dtype], bool] = {}
@@ -200,15 +244,20 @@ def dtype_pins_loop(name: str, dtype: np.dtype) -> bool:
     if pinned is None:
         ufunc = getattr(CUPY.xp, name)
         op = eager_cupy_op(ufunc, (), (), dtype)
-        pinned = _PINNED[(name, dtype)] = op is not None and all(
-            t == dtype for t in (*op.in_types, *op.out_types))
+        try:
+            pinned = op is not None and all(t == dtype for t in (*op.in_types, *op.out_types))
+        except AttributeError:  # another CuPy's _Op: do not pin (CuPy's own promotion runs)
+            pinned = False
+        _PINNED[(name, dtype)] = pinned
     return pinned
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
                    pending: dict[int, tuple], keep: frozenset[int]) -> Any:
-    from cupy._core import _scalar  # noqa: PLC0415 - only on the CuPy backend
-
+    try:  # CuPy's private conversion of Python numbers (CuPy 14): without it, eager
+        from cupy._core._scalar import numpy_dtype_from_pyscalar  # noqa: PLC0415
+    except ImportError:
+        return NotImplemented
     xp = backend.xp
     ufunc = getattr(xp, name)
     out = kwargs.get("out")
@@ -232,7 +281,7 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
             args.append(operand)
             device = device if device is not None else backend.device_of(operand)
         else:
-            descr, weak = _scalar.numpy_dtype_from_pyscalar(operand)
+            descr, weak = numpy_dtype_from_pyscalar(operand)
             if descr is None:
                 descr, weak = np.asarray(operand).dtype, False
             in_types.append(descr)
@@ -243,7 +292,7 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
         return NotImplemented  # partial overlap: CuPy's ufunc copies inputs first; so do we
     dtype = kwargs.get("dtype")
     routine_op = eager_cupy_op(ufunc, tuple(in_types), tuple(weaks), dtype)
-    if routine_op is None or not isinstance(routine_op.routine, str):
+    if routine_op is None or not isinstance(getattr(routine_op, "routine", None), str):
         return NotImplemented
     out_dtypes = tuple(o.dtype for o in outs) if outs else tuple(routine_op.out_types)
     key = ("fused", name, tuple(routine_op.in_types), tuple(routine_op.out_types),

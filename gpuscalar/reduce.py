@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, backend_of
+from .backend import NUMPY, Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap
 
 __all__ = [
@@ -54,7 +54,11 @@ def _operand(x: Any, function: str) -> tuple[Backend, Any]:
 def _result(backend: Backend, value: Any) -> Any:
     """A 0-d result (array or NumPy scalar) as a GPUScalar; other arrays unchanged."""
     if getattr(value, "ndim", 0) == 0:
-        return _wrap(backend, backend.xp.asarray(value) if not hasattr(value, "ndim") else value)
+        if not hasattr(value, "ndim"):  # a Python number (NumPy's count_nonzero gives an int)
+            value = np.asarray(value)
+            if backend is not NUMPY:  # a fill kernel taking the value: never an upload
+                value = backend.call(backend.xp.full, (), value[()], dtype=value.dtype)
+        return _wrap(backend, value)
     return value
 
 

@@ -13,8 +13,11 @@ evaluated where it is consumed, in one kernel or folded into the consuming array
 backend call per operation, with the same numbers.
 
 Operators are generated from the tables below (thin dunders, the logic in `apply_ufunc`,
-`_binary` and `_lazy_ufunc`); promotion decisions come from `promote`. All internal access to the
-wrapped array goes through `_array_of`, which materializes a pending expression.
+`_binary` and `_lazy_ufunc`); promotion decisions come from `promote`. The helpers
+(``gs.minimum``, ...) and NumPy ufuncs called on a GPUScalar take the operators' generated hot
+paths (`_call_fast`), and ``where`` and ``round`` have hot paths of their own: recording a node
+must cost far less than the ~10 us launch it saves. All internal access to the wrapped array goes
+through `_array_of`, which materializes a pending expression.
 """
 
 from __future__ import annotations
@@ -259,6 +262,10 @@ class GPUScalar:
 
     # ---- device operations ---------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if not kwargs and method == "__call__":  # np.minimum(s, t), np.sin(s): the hot path
+            result = _call_fast(ufunc, inputs)
+            if result is not _MISSING:
+                return result
         if method != "__call__":
             return NotImplemented
         return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
@@ -278,12 +285,22 @@ class GPUScalar:
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
         decimals = 0 if ndigits is None else operator_index(ndigits)
-        if expr.is_lazy() and self.dtype.kind in "fc" or (
-            expr.is_lazy() and self.dtype.kind in "iu" and decimals >= 0
-        ):
-            op = expr.get_op("round", "round", (self._dtype,), (self._dtype,), 0, decimals)
-            return _pending(self._backend, expr.make_node(op, (_child(self),)), self._dtype,
-                            self.device)
+        if expr.is_lazy():
+            found = _ROUND_OPS.get((self._dtype, decimals), _MISSING)
+            if found is _MISSING:
+                found = _resolve_round(self._dtype, decimals)
+            if found is not None:
+                op, key = found
+                child = _child(self)
+                size = 1
+                if type(child) is tuple:
+                    structure = (op.id, child[0])
+                    key = expr.find_key(structure)
+                    if key is None:
+                        key = expr.intern_key(structure)
+                    size += child[1]
+                return _pending(self._backend, (key, size, op, child), self._dtype,
+                                self._device)
         backend = self._backend
         result = backend.call(backend.xp.round, _array_of(self), decimals)
         return _wrap(backend, result)
@@ -292,6 +309,20 @@ class GPUScalar:
         if modulo is not None:
             raise TypeError("pow() with a modulus is not supported for GPUScalar")
         return _binary(self, other, "power", False)
+
+
+#: (dtype, decimals) -> (the round op, the key of round(leaf)), or None where rounding runs
+#: eagerly (bool; integers to negative decimals, which NumPy computes through floats)
+_ROUND_OPS: dict[tuple[np.dtype, int], Any] = {}
+
+
+def _resolve_round(dtype: np.dtype, decimals: int) -> Any:
+    found = None
+    if dtype.kind in "fc" or (dtype.kind in "iu" and decimals >= 0):
+        op = expr.get_op("round", "round", (dtype,), (dtype,), 0, decimals)
+        found = (op, expr.intern_key((op.id, expr.leaf_key(dtype))))
+    _ROUND_OPS[(dtype, decimals)] = found
+    return found
 
 
 class _RealGPUScalar(GPUScalar):
@@ -390,7 +421,7 @@ def _array_of(scalar: GPUScalar) -> Any:
 
 def _unpickle(backend_name: str, dtype: str, value: Any) -> GPUScalar:
     backend = get_backend(backend_name)
-    return _wrap(backend, backend.call(backend.xp.asarray, value, dtype=np.dtype(dtype)))
+    return _wrap(backend, _make_array(backend, value, np.dtype(dtype), None))
 
 
 def _operand_label(value: Any) -> str:
@@ -433,19 +464,51 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
     return _wrap(backend, result)
 
 
-def _scalar_stand_in(operand: Any) -> Any:
-    """What NumPy's resolver sees for an operand of a scalar-only operation (rules 2-3): a
-    GPUScalar as a 0-d array of its dtype, a Python scalar as itself (weak), a NumPy scalar as
-    its dtype."""
-    if type(operand) in _SCALAR_CLASSES:
-        return operand._dtype
-    if type(operand) in promote.PYTHON_SCALAR_TYPES:
-        return promote.python_operand_stand_in(operand)
-    return operand.dtype
+#: (ufunc name, operand kinds) -> (one op per output, the loop's input dtypes, each operand's
+#: key as a leaf or constant), or None where the ufunc is not elementwise (a gufunc such as
+#: matmul): eager code decides. An operand's *kind* is a GPUScalar's dtype, or the type of a
+#: Python or NumPy scalar (a type is never a dtype, so leaves and constants never share a kind).
+_LAZY_LOOPS: dict[tuple[Any, ...], Any] = {}
+_MISSING = object()
 
 
-#: (ufunc name, operand stand-ins) -> (input dtypes, one op per output)
-_LAZY_LOOPS: dict[tuple[str, tuple[Any, ...]], tuple[tuple[np.dtype, ...], tuple[Any, ...]]] = {}
+def _kind_stand_in(kind: Any) -> Any:
+    """What NumPy's resolver sees for an operand of ``kind`` in a scalar-only operation (rules
+    2-3): a GPUScalar as a 0-d array of its dtype, a Python scalar weak, a NumPy scalar strong."""
+    if isinstance(kind, np.dtype):
+        return kind
+    if kind in promote.PYTHON_SCALAR_TYPES:
+        return np.dtype(bool) if kind is bool else kind
+    return np.dtype(kind)
+
+
+def _resolve_lazy_loop(name: str, kinds: tuple[Any, ...]) -> Any:
+    """Fill `_LAZY_LOOPS` for ``name`` over operands of ``kinds`` (NumPy's error where NumPy
+    has no loop for them, as the eager call raises)."""
+    found = None
+    if getattr(np, name).signature is None:
+        signature = promote.parity_signature(name, tuple(map(_kind_stand_in, kinds)))
+        nin = len(kinds)
+        in_dtypes, out_dtypes = signature[:nin], signature[nin:]
+        ops = tuple(expr.get_op("ufunc", name, in_dtypes, out_dtypes, k)
+                    for k in range(len(out_dtypes)))
+        keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else expr.const_key(dtype)
+                     for kind, dtype in zip(kinds, in_dtypes, strict=True))
+        found = (tuple((op, op.id, op.dtype, op.dtype.kind) for op in ops), in_dtypes, keys)
+    _LAZY_LOOPS[(name, *kinds)] = found
+    return found
+
+
+def _constant(value: Any, dtype: np.dtype) -> Any:
+    """A Python or NumPy number as a kernel argument of ``dtype``, converted as NumPy converts
+    it for the eager operation; None where only NumPy can say (see `_EXACT_INT`) or where the
+    value does not fit ``dtype`` (NumPy raises, or special-cases it: comparisons)."""
+    if type(value) is int and not -_EXACT_INT <= value <= _EXACT_INT:
+        return None
+    try:
+        return dtype.type(value)
+    except OverflowError:
+        return None
 
 
 def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
@@ -454,29 +517,60 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
 
     The loop (and so every result dtype) is `promote`'s, NumPy's own choice for the eager call;
     a NumPy error for these operand types is raised here, as eager code would. Python numbers
-    are converted to the loop's input dtype now, as NumPy converts them. Returns None where that
-    conversion overflows (NumPy special-cases some of those, e.g. comparisons): eager decides.
+    are converted to the loop's input dtype now, as NumPy converts them. Returns None where
+    eager code must decide: a number NumPy converts in its own way (`_constant`), a gufunc.
     """
-    stand_ins = tuple(map(_scalar_stand_in, operands))
-    found = _LAZY_LOOPS.get((name, stand_ins))
+    scalar_classes = _SCALAR_CLASSES
+    kinds: list[Any] = [name]
+    for operand in operands:
+        kinds.append(operand._dtype if type(operand) in scalar_classes else type(operand))
+    found = _LAZY_LOOPS.get(tuple(kinds), _MISSING)
+    if found is _MISSING:
+        found = _resolve_lazy_loop(name, tuple(kinds[1:]))
     if found is None:
-        signature = promote.parity_signature(name, stand_ins)
-        nin = len(operands)
-        in_dtypes, out_dtypes = signature[:nin], signature[nin:]
-        found = _LAZY_LOOPS[(name, stand_ins)] = (in_dtypes, tuple(
-            expr.get_op("ufunc", name, in_dtypes, out_dtypes, k) for k in range(len(out_dtypes))
-        ))
-    in_dtypes, ops = found
-    try:
-        children = tuple(
-            _child(op) if type(op) in _SCALAR_CLASSES else dtype.type(op)
-            for op, dtype in zip(operands, in_dtypes, strict=True)
-        )
-    except OverflowError:
         return None
-    if len(ops) == 1:
-        return _pending(backend, expr.make_node(ops[0], children), ops[0].dtype, device)
-    return tuple(_pending(backend, expr.make_node(op, children), op.dtype, device) for op in ops)
+    outputs, in_dtypes, leaf_keys = found
+    children = list(operands)
+    keys = list(leaf_keys)
+    size = 1
+    scalars = []
+    for i, operand in enumerate(operands):  # every number first: nothing is marked used yet
+        if type(operand) in scalar_classes:
+            scalars.append(i)
+        else:
+            children[i] = constant = _constant(operand, in_dtypes[i])
+            if constant is None:
+                return None
+    for i in scalars:
+        children[i] = child = _child(operands[i])
+        if type(child) is tuple:
+            keys[i] = child[0]
+            size += child[1]
+    classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
+    find_key, new = expr.find_key, object.__new__
+    results = []
+    for op, op_id, dtype, kind in outputs:
+        structure = (op_id, *keys)
+        key = find_key(structure)
+        if key is None:
+            key = expr.intern_key(structure)
+        scalar = new(classes[kind])
+        scalar._array = None
+        scalar._node = (key, size, op, *children)
+        scalar._dtype = dtype
+        scalar._device = device
+        scalar._used = False
+        if size > expr.MAX_NODES:
+            _materialize(scalar)
+        results.append(scalar)
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+#: A Python int beyond +-2**53 is left to NumPy, eagerly: NumPy converts such an int to a float
+#: loop's dtype in two ways depending on the ufunc (directly, or through int64, which rounds once
+#: where the direct way rounds twice), and some ufuncs (the logical ones) refuse ints beyond
+#: int64 where others take them. Within +-2**53 every way gives the same value.
+_EXACT_INT = 2**53
 
 
 def _wrapped_int(value: int, dtype: np.dtype) -> np.generic:
@@ -609,7 +703,10 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
                 kwargs["dtype"] = dtype
     if pending:
         return _fused(backend, name, args, kwargs, pending)
-    return backend.call(backend.ufunc(name), *args, **kwargs)
+    result = backend.call(backend.ufunc(name), *args, **kwargs)
+    if out is not None:  # the caller's own array(s), as NumPy and CuPy return them
+        return out[0] if len(out) == 1 else out
+    return result
 
 
 def _fused(backend: Backend, name: str, args: list[Any], kwargs: dict[str, Any],
@@ -700,10 +797,24 @@ def _python_default_dtype(value: Any, like_dtype: np.dtype | None) -> np.dtype:
 
 
 def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -> Any:
+    """A 0-d array of ``backend`` (on ``device``) holding ``value``: one device op.
+
+    Host data (a Python number, a NumPy scalar or 0-d array) is converted on the host as
+    ``asarray`` converts it (its errors included), then written by a fill kernel that takes the
+    value as an argument (``xp.full``: on CuPy 14 ``copyto`` launches its copy ufunc with the
+    scalar as a kernel argument): no host-to-device copy, which a CUDA graph being captured
+    refuses (`sync.graph_body`), and no pageable staging copy either.
+    """
+    if backend is NUMPY:
+        return backend.call(np.asarray, value, dtype=dtype)
+    if backend.owns(value):  # a device array: converted (or moved) on the device
+        make, args = backend.xp.asarray, (value,)
+    else:
+        make, args = backend.xp.full, ((), np.asarray(value, dtype=dtype)[()])
     if backend.multi_device and device is not None:
         with backend.device_context(device):
-            return backend.call(backend.xp.asarray, value, dtype=dtype)
-    return backend.call(backend.xp.asarray, value, dtype=dtype)
+            return backend.call(make, *args, dtype=dtype)
+    return backend.call(make, *args, dtype=dtype)
 
 
 def _make_binary(name: str, reflected: bool) -> Any:
@@ -758,6 +869,9 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         scalar._device = device_of(result) if multi_device else "cpu"
         return scalar
 
+    def finish_pair(results: tuple[Any, Any]) -> tuple[GPUScalar, GPUScalar]:
+        return finish(results[0]), finish(results[1])
+
     def pending(self: GPUScalar, node: tuple, dtype: np.dtype) -> GPUScalar:
         scalar = new(cls)
         scalar._array = None
@@ -772,18 +886,28 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     def make(name: str, reflected: bool) -> Any:
         ufunc = backend.ufunc(name)
         # (own dtype, other's dtype or Python type) -> (op, op id, the other operand's loop
-        # type, own leaf key, the other's leaf or constant key, result dtype)
+        # type, own leaf key, the other's leaf or constant key, result dtype, add); for two
+        # results (divmod), op, op id and result dtype are pairs
         loops: dict[tuple[Any, Any], tuple[Any, ...]] = {}
         foldable = name in ("add", "subtract") and not reflected
+        pair = getattr(np, name).nout == 2
 
         def resolve(mine: np.dtype, other: Any) -> tuple[Any, ...]:
             is_scalar = isinstance(other, np.dtype)
             other_stand_in = other if is_scalar else promote.python_operand_stand_in(other(0))
-            pair = (other_stand_in, mine) if reflected else (mine, other_stand_in)
-            signature = promote.parity_signature(name, pair)
+            operands = (other_stand_in, mine) if reflected else (mine, other_stand_in)
+            signature = promote.parity_signature(name, operands)
             op = expr.get_op("ufunc", name, signature[:2], signature[2:])
             other_loop = signature[0 if reflected else 1]
             other_key = expr.leaf_key(other) if is_scalar else expr.const_key(other_loop)
+            if pair:
+                ops = tuple(expr.get_op("ufunc", name, signature[:2], signature[2:], k)
+                            for k in range(2))
+                found = loops[(mine, other)] = (
+                    ops, (ops[0].id, ops[1].id), other_loop.type, expr.leaf_key(mine),
+                    other_key, signature[2:], None
+                )
+                return found
             # x + c and x - c with a Python int in an integer loop are both recorded as one
             # add of a wrapped constant, so a counter's step + 1 + 1 ... stays one node
             add = None
@@ -822,6 +946,40 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 _materialize(scalar)
             return scalar
 
+        def record_pair(self: GPUScalar, ops: tuple[expr.Op, expr.Op], op_ids: tuple[int, int],
+                        dtypes: tuple[np.dtype, np.dtype], other: Any, other_key: int,
+                        other_size: int) -> tuple[GPUScalar, GPUScalar]:
+            """`record` for an op with two results (divmod): two nodes, same children."""
+            node = self._node
+            if node is not None and self._used and node[1] > keep_nodes:
+                _materialize(self)
+                node = None
+            if node is None:
+                mine, mine_key, size = self._array, leaf_keys[self._dtype], 1 + other_size
+            else:
+                self._used = True
+                mine, mine_key, size = node, node[0], node[1] + 1 + other_size
+            if reflected:
+                mine, other, mine_key, other_key = other, mine, other_key, mine_key
+            device = self._device
+            quotient, remainder = new(cls), new(cls)
+            for scalar, op, op_id, dtype in ((quotient, ops[0], op_ids[0], dtypes[0]),
+                                             (remainder, ops[1], op_ids[1], dtypes[1])):
+                structure = (op_id, mine_key, other_key)
+                key = find_key(structure)
+                if key is None:
+                    key = intern_key(structure)
+                scalar._array = None
+                scalar._node = (key, size, op, mine, other)
+                scalar._dtype = dtype
+                scalar._device = device
+                scalar._used = False
+                if size > max_nodes:
+                    _materialize(scalar)
+            return quotient, remainder
+
+        build, done = (record_pair, finish_pair) if pair else (record, finish)
+
         def operator(self: GPUScalar, other: Any) -> Any:
             kind = type(other)
             if kind is fast_class:
@@ -832,11 +990,11 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                     op, op_id, _, _, other_key, dtype, _ = (
                         loops.get((mine, other._dtype)) or resolve(mine, other._dtype))
                     if other._node is None:
-                        return record(self, op, op_id, dtype, other._array, other_key, 0)
+                        return build(self, op, op_id, dtype, other._array, other_key, 0)
                     other_child = _child(other)
                     if other._node is None:  # kept (materialized) now: a leaf
-                        return record(self, op, op_id, dtype, other_child, other_key, 0)
-                    return record(self, op, op_id, dtype, other_child, other_child[0],
+                        return build(self, op, op_id, dtype, other_child, other_key, 0)
+                    return build(self, op, op_id, dtype, other_child, other_child[0],
                                   other_child[1])
                 other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
@@ -846,6 +1004,8 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 op, op_id, loop_type, _, other_key, dtype, add = (
                     loops.get((mine, kind)) or resolve(mine, kind))
                 try:
+                    if kind is int and not -_EXACT_INT <= other <= _EXACT_INT:
+                        raise OverflowError  # see _EXACT_INT
                     constant = loop_type(other)
                 except OverflowError:  # NumPy decides such cases eagerly (and may raise)
                     with expr.lazy(False):
@@ -853,20 +1013,23 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 node = self._node
                 if add is not None:  # exact in integer (modular) arithmetic
                     offset = other if op is add else -other
-                    if node is not None and node[2] is add and type(node[4]) is not tuple:
+                    # fold into an add whose right operand is a constant (never a device
+                    # leaf: reading one would be a hidden sync, and the key says "constant")
+                    if node is not None and node[2] is add and isinstance(node[4], np.generic) \
+                            and not (self._used and node[1] > keep_nodes):
                         constant = _wrapped_int(offset + int(node[4]), dtype)
                         self._used = True
                         return pending(self, (*node[:4], constant), dtype)
                     op, op_id, constant = add, add.id, _wrapped_int(offset, dtype)
-                return record(self, op, op_id, dtype, constant, other_key, 0)
+                return build(self, op, op_id, dtype, constant, other_key, 0)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
             if out_ellipsis:
                 if reflected:
-                    return finish(ufunc(other, mine_array, out=...))
-                return finish(ufunc(mine_array, other, out=...))
-            return finish(ufunc(other, mine_array) if reflected else ufunc(mine_array, other))
+                    return done(ufunc(other, mine_array, out=...))
+                return done(ufunc(mine_array, other, out=...))
+            return done(ufunc(other, mine_array) if reflected else ufunc(mine_array, other))
 
         return operator
 
@@ -905,24 +1068,79 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         method = make_unary(ufunc_name)
         method.__name__ = method.__qualname__ = f"__{stem}__"
         setattr(cls, method.__name__, method)
-    # the one-operand helpers (gs.sqrt(s), ...) take the same hot path
-    cls._fast_unary = {
-        ufunc_name: make_unary(ufunc_name)
-        for ufunc_name in {*UNARY_OPERATORS.values(), *MATH_FUNCTIONS.values()}
-        if getattr(np, ufunc_name).nin == 1 and getattr(np, ufunc_name).nout == 1
-    }
+    # the helpers (gs.sqrt(s), gs.minimum(s, t), ...) take the same hot paths, and so do other
+    # elementwise ufuncs called through __array_ufunc__ (made on first use: `_fast_function`)
+    helpers = {*UNARY_OPERATORS.values(), *MATH_FUNCTIONS.values()}
+    cls._fast_unary = {name: make_unary(name) for name in helpers
+                       if getattr(np, name).nin == 1 and getattr(np, name).nout == 1}
+    cls._fast_binary = {name: make(name, False) for name in helpers
+                        if getattr(np, name).nin == 2 and getattr(np, name).nout == 1}
+    cls._fast_binary["divmod"] = make("divmod", False)
+    cls._fast_rbinary = {name: make(name, True) for name in cls._fast_binary}
+    cls._fast_makers = (make_unary, make)
+    _FAST_TABLES[cls] = (cls._fast_unary, cls._fast_binary, cls._fast_rbinary)
 
     tables = [(BINARY_OPERATORS, ("", "r")), (COMPARISON_OPERATORS, ("",))]
     for table, prefixes in tables:
         for stem, ufunc_name in table.items():
-            if ufunc_name == "divmod":
-                continue  # two results: generic path
             for prefix in prefixes:
                 if ufunc_name == "power" and prefix == "":
                     continue  # pow(s, x, modulo) needs the base class's three-argument form
                 method = make(ufunc_name, prefix == "r")
                 method.__name__ = method.__qualname__ = f"__{prefix}{stem}__"
                 setattr(cls, method.__name__, method)
+
+
+def _fast_function(cls: type, key: Any, nin: int, reflected: bool) -> Any:
+    """The hot path of the real class ``cls`` for a ufunc (``key``: NumPy's name, or the NumPy
+    ufunc itself) with ``nin`` operands (a GPUScalar first, or second when ``reflected``), made
+    on first use; None where it has none: not NumPy's own elementwise ufunc of one output (two
+    for a binary one), or not one the backend has (the general path decides)."""
+    table = cls._fast_unary if nin == 1 else cls._fast_rbinary if reflected else cls._fast_binary
+    function = table.get(key, _MISSING)
+    if function is _MISSING:
+        name = key if type(key) is str else getattr(key, "__name__", "")
+        ufunc = getattr(np, name, None)
+        function = None
+        if not isinstance(ufunc, np.ufunc) or (ufunc is not key and name is not key):
+            pass  # another library's ufunc of the same name, or none
+        elif name in table:
+            function = table[name]
+        elif (ufunc.signature is None and ufunc.nin == nin
+                and (ufunc.nout == 1 or (nin == 2 and ufunc.nout == 2))
+                and getattr(cls._backend.xp, name, None) is not None):
+            make_unary, make = cls._fast_makers
+            function = table[name] = make_unary(name) if nin == 1 else make(name, reflected)
+        table[key] = function
+    return function
+
+
+#: real GPUScalar class -> its hot paths (one-operand, binary, reflected binary): name -> function
+_FAST_TABLES: dict[type, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+
+
+def _call_fast(name: Any, operands: tuple[Any, ...]) -> Any:
+    """``ufunc name(*operands)`` (``name``: NumPy's name or the NumPy ufunc) through a real
+    GPUScalar class's hot path (the operators'), or `_MISSING` where none applies. One operand:
+    it must be a real GPUScalar; two: either may be (the other anything: the hot path hands
+    what it does not know to `_binary`)."""
+    if len(operands) == 2:
+        first, second = operands
+        tables = _FAST_TABLES.get(type(first))
+        if tables is not None:
+            function = tables[1].get(name) or _fast_function(type(first), name, 2, False)
+            return _MISSING if function is None else function(first, second)
+        tables = _FAST_TABLES.get(type(second))
+        if tables is not None:
+            function = tables[2].get(name) or _fast_function(type(second), name, 2, True)
+            return _MISSING if function is None else function(second, first)
+        return _MISSING
+    if len(operands) == 1:
+        tables = _FAST_TABLES.get(type(operands[0]))
+        if tables is not None:
+            function = tables[0].get(name) or _fast_function(type(operands[0]), name, 1, False)
+            return _MISSING if function is None else function(operands[0])
+    return _MISSING
 
 
 def _install_operators() -> None:
@@ -958,7 +1176,11 @@ def _apply_math(name: str, *operands: Any) -> Any:
         result = backend.call(backend.ufunc(name), _array_of(scalar), **backend.ufunc_array_kwargs)
         return _wrap(backend, result)
     if any(type(op) in _SCALAR_CLASSES for op in operands):
-        return apply_ufunc(name, *operands)
+        result = apply_ufunc(name, *operands)
+        if result is NotImplemented:
+            labels = ", ".join(_operand_label(op) for op in operands)
+            raise TypeError(f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {labels}")
+        return result
     for op in operands:
         backend = backend_of(op)
         if backend is not None:
@@ -973,6 +1195,7 @@ def _apply_math(name: str, *operands: Any) -> Any:
 
 def _make_math_function(public_name: str, ufunc_name: str) -> Any:
     nin = getattr(np, ufunc_name).nin
+    fast_tables = _FAST_TABLES
 
     def function(*operands: Any) -> Any:
         if len(operands) != nin:
@@ -983,6 +1206,21 @@ def _make_math_function(public_name: str, ufunc_name: str) -> Any:
             fast = getattr(type(operands[0]), "_fast_unary", None)
             if fast is not None:
                 return fast[ufunc_name](operands[0])
+        elif len(operands) == 2:  # a real GPUScalar on either side: the operators' hot path
+            first, second = operands
+            tables = fast_tables.get(type(first))
+            if tables is not None:
+                result = tables[1][ufunc_name](first, second)
+            else:
+                tables = fast_tables.get(type(second))
+                result = _MISSING if tables is None else tables[2][ufunc_name](second, first)
+            if result is NotImplemented:
+                labels = ", ".join(_operand_label(op) for op in operands)
+                raise TypeError(
+                    f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}"
+                )
+            if result is not _MISSING:
+                return result
         return _apply_math(ufunc_name, *operands)
 
     function.__name__ = function.__qualname__ = public_name
@@ -1027,6 +1265,10 @@ def clip(x: Any, lower: Any, upper: Any) -> Any:
 def where(condition: Any, x: Any, y: Any) -> Any:
     """Device select. All-scalar operands give a GPUScalar; with an array operand, the array's
     backend ``where`` with GPUScalar branches acting as the Python scalars they replace."""
+    if expr.is_lazy():
+        pending = _lazy_where(condition, x, y)
+        if pending is not None:
+            return pending
     operands = (condition, x, y)
     found = _common_backend(operands) if any(type(o) in _SCALAR_CLASSES for o in operands) else None
     if found is None:
@@ -1035,9 +1277,7 @@ def where(condition: Any, x: Any, y: Any) -> Any:
             raise TypeError("gpuscalar.where() needs a GPUScalar or array operand")
         return backend.call(backend.xp.where, *operands)
     backend, has_array = found
-    if not has_array:
-        if expr.is_lazy() and _scalar_stand_in(condition) == np.dtype(bool):
-            return _lazy_where(backend, operands)
+    if not has_array:  # eager, or what the lazy path leaves to NumPy
         args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
         return _wrap(backend, backend.call(backend.xp.where, *args))
     # Parity: the result dtype is what where() gives with the scalars' Python values.
@@ -1055,25 +1295,88 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     return backend.call(backend.xp.where, *args)
 
 
-#: (the branches' stand-ins) -> (the result dtype, the where op)
-_WHERE_LOOPS: dict[tuple[Any, Any], tuple[np.dtype, expr.Op]] = {}
+#: operand kinds (see `_LAZY_LOOPS`) -> (the result dtype, the where op, each operand's key as a
+#: leaf or constant), or None where eager code decides (a condition that is not bool, an operand
+#: that is not a scalar, no GPUScalar at all)
+_WHERE_LOOPS: dict[tuple[Any, Any, Any], Any] = {}
+_BOOL = np.dtype(bool)
 
 
-def _lazy_where(backend: Backend, operands: tuple[Any, Any, Any]) -> GPUScalar:
-    """``where(condition, x, y)`` over scalars as a pending node: the branches meet in NumPy's
-    result dtype for them (a Python number weak, as in eager ``where``)."""
-    condition, x, y = operands
-    stand_ins = (_scalar_stand_in(x), _scalar_stand_in(y))
-    found = _WHERE_LOOPS.get(stand_ins)
+def _is_scalar_kind(kind: Any) -> bool:
+    return isinstance(kind, np.dtype) or kind in promote.PYTHON_SCALAR_TYPES or (
+        isinstance(kind, type) and issubclass(kind, np.generic))
+
+
+def _resolve_where(kinds: tuple[Any, Any, Any]) -> Any:
+    found = None
+    if all(map(_is_scalar_kind, kinds)) and _kind_stand_in(kinds[0]) == _BOOL and any(
+            isinstance(kind, np.dtype) for kind in kinds):
+        dtype = promote.result_dtype([_kind_stand_in(kinds[1]), _kind_stand_in(kinds[2])])
+        if dtype.kind in promote.SUPPORTED_KINDS:
+            op = expr.get_op("where", "where", (_BOOL, dtype, dtype), (dtype,))
+            keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else
+                         expr.const_key(wanted) for kind, wanted in zip(kinds, op.in_dtypes,
+                                                                          strict=True))
+            found = (dtype, op, *keys)
+    _WHERE_LOOPS[kinds] = found
+    return found
+
+
+def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
+    """``where(condition, x, y)`` over scalars (GPUScalars of one backend and device, Python
+    and NumPy numbers) as a pending node: the branches meet in NumPy's result dtype for them (a
+    Python number weak, as in eager ``where``). None where eager code must decide: an array
+    operand, a condition that is not bool, scalars that cannot meet (eager raises), a number
+    NumPy's ``where`` converts in its own way (it wraps ``-1`` into ``uint8``, see `_constant`).
+    Written out operand by operand: it is as hot as an operator.
+    """
+    scalar_classes = _SCALAR_CLASSES
+    c_scalar, x_scalar, y_scalar = (type(condition) in scalar_classes, type(x) in scalar_classes,
+                                    type(y) in scalar_classes)
+    kinds = (condition._dtype if c_scalar else type(condition),
+             x._dtype if x_scalar else type(x), y._dtype if y_scalar else type(y))
+    found = _WHERE_LOOPS.get(kinds, _MISSING)
+    if found is _MISSING:
+        found = _resolve_where(kinds)
     if found is None:
-        dtype = promote.result_dtype(list(stand_ins))
-        op = expr.get_op("where", "where", (np.dtype(bool), dtype, dtype), (dtype,))
-        found = _WHERE_LOOPS[stand_ins] = (dtype, op)
-    dtype, op = found
-    children = (
-        _child(condition) if type(condition) in _SCALAR_CLASSES else np.bool_(condition),
-        _child(x) if type(x) in _SCALAR_CLASSES else dtype.type(x),
-        _child(y) if type(y) in _SCALAR_CLASSES else dtype.type(y),
-    )
-    device = next(o.device for o in operands if type(o) in _SCALAR_CLASSES)
-    return _pending(backend, expr.make_node(op, children), dtype, device)
+        return None
+    dtype, op, c_key, x_key, y_key = found
+    # one backend and device (else eager code raises the error naming both)
+    first = condition if c_scalar else x if x_scalar else y
+    backend, device = first._backend, first._device
+    if x_scalar and (x._backend is not backend or x._device != device):
+        return None
+    if y_scalar and (y._backend is not backend or y._device != device):
+        return None
+    # every number first: nothing is marked used yet
+    if not c_scalar:
+        condition = _BOOL.type(condition)
+    if not x_scalar:
+        x = _constant(x, dtype)
+        if x is None:
+            return None
+    if not y_scalar:
+        y = _constant(y, dtype)
+        if y is None:
+            return None
+    size = 1
+    if c_scalar:
+        condition = _child(condition)
+        if type(condition) is tuple:
+            c_key = condition[0]
+            size += condition[1]
+    if x_scalar:
+        x = _child(x)
+        if type(x) is tuple:
+            x_key = x[0]
+            size += x[1]
+    if y_scalar:
+        y = _child(y)
+        if type(y) is tuple:
+            y_key = y[0]
+            size += y[1]
+    structure = (op.id, c_key, x_key, y_key)
+    key = expr.find_key(structure)
+    if key is None:
+        key = expr.intern_key(structure)
+    return _pending(backend, (key, size, op, condition, x, y), dtype, device)

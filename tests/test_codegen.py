@@ -39,20 +39,37 @@ def shapes_of(recipe_list) -> dict[int, tuple]:
 
 #: Structure keys whose kernels compiled in this session (each shape is compiled once).
 COMPILED: set[int] = set()
+#: Structure keys CuPy has no routine for (evaluated eagerly on CuPy, one launch per operation).
+UNFUSABLE: set[int] = set()
+
+
+def known_unfusable(node: tuple) -> bool:
+    """Whether ``node`` uses an operation CuPy has no loop for: NumPy's logical ufuncs on
+    complex numbers (the only such operations the recipes reach)."""
+    return any(op.name.startswith("logical_") and any(d.kind == "c" for d in op.in_dtypes)
+               for op, _ in expr.plan_of(node).steps)
 
 
 def compile_shapes(nvrtc, shapes: dict[int, tuple], chunk: int = 250) -> int:
     """Compile the materializing kernel of every shape not compiled yet in this session
-    (CuPy's exact source); returns how many shapes are now known to compile."""
-    specs = [codegen.materialize_spec(node) for key, node in shapes.items()
-             if key not in COMPILED]
+    (CuPy's exact source); returns how many shapes are now known to compile, or known to have
+    no CuPy routine (`known_unfusable`: any other shape without one fails the test)."""
+    specs = []
+    for key, node in shapes.items():
+        if key in COMPILED or key in UNFUSABLE:
+            continue
+        try:
+            specs.append(codegen.materialize_spec(node))
+        except codegen.FusionUnsupported:
+            assert known_unfusable(node), expr.describe_structure(key)
+            UNFUSABLE.add(key)
     options = nv.cupy_options()
     for start in range(0, len(specs), chunk):
         part = specs[start:start + chunk]
         ptx = nv.compile_source(nvrtc, nv.join_sources(part, array_ndim=0), "shapes.cu", options)
         assert all(f".entry {spec.name}" in ptx for spec in part)
-    COMPILED.update(shapes)
-    return sum(1 for key in shapes if key in COMPILED)
+    COMPILED.update(key for key in shapes if key not in UNFUSABLE)
+    return sum(1 for key in shapes if key in COMPILED or key in UNFUSABLE)
 
 
 def every_operation_recipes():
@@ -230,3 +247,45 @@ def test_the_compile_check_can_fail(nvrtc):
     with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
         nv.compile_source(nvrtc, nv.join_sources([broken], array_ndim=0), "broken.cu",
                           nv.cupy_options())
+
+
+# ---- another CuPy without the private internals: unfused, never broken --------------------------
+
+
+def test_missing_cupy_internals_make_fusion_unsupported(monkeypatch):
+    """Code generation reads CuPy's private pieces; a CuPy without one of them gets
+    `FusionUnsupported` (the caller evaluates eagerly), not an AttributeError."""
+    from cupy._core import _scalar
+
+    from gpuscalar import fusion
+
+    node = (gs.asscalar(np.float32(1.5)) * 2.0 + 1.0)._node
+    monkeypatch.delattr(_scalar, "get_typename")
+    with pytest.raises(codegen.FusionUnsupported, match="get_typename"):
+        codegen.materialize_spec(node)
+    monkeypatch.undo()
+    fake = type("ufunc", (), {"_ops": type("ops", (), {"ops": ()})(), "_preamble": "",
+                              "_loop_prep": ""})()
+    monkeypatch.setattr(cupy, "sin", fake)  # a routine table without CuPy 14's lookup
+    sine = expr.get_op("ufunc", "sin", (F64,), (F64,))
+    with pytest.raises(codegen.FusionUnsupported, match="_ops"):
+        codegen.cupy_op(sine)
+    monkeypatch.setattr(fusion, "_KERNELS", {})
+    assert fusion._cached_kernel(("materialize", 0), lambda: codegen.materialize_spec(
+        gs.sin(gs.asscalar(1.0) * 2)._node)) is None  # None: evaluated eagerly
+
+
+def test_missing_cupy_internals_make_array_operations_eager(monkeypatch):
+    from cupy._core import _scalar
+
+    from gpuscalar import fusion
+    from gpuscalar.backend import CUPY
+
+    fake = type("ufunc", (), {})()  # no _ops, no _out_ops
+    assert fusion.eager_cupy_op(fake, (F32, F32), (False, False), None) is None
+    assert fusion.eager_cupy_op(fake, (), (), F32) is None
+    monkeypatch.setattr(cupy, "add", fake)
+    monkeypatch.setattr(fusion, "_PINNED", {})
+    assert fusion.dtype_pins_loop("add", F32) is False  # CuPy's own promotion, no dtype=
+    monkeypatch.delattr(_scalar, "numpy_dtype_from_pyscalar")
+    assert fusion._fused_on_cupy(CUPY, "multiply", [], {}, {}, frozenset()) is NotImplemented

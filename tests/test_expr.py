@@ -188,17 +188,39 @@ def _category(error: BaseException) -> type:
     return next(kind for kind in _ERRORS if isinstance(error, kind))
 
 
-def _evaluate(recipe, lazy: bool, like=None):
+def assert_structure_is_consistent(root: tuple) -> None:
+    """The key a node carries is the key of what it holds (ops, dtypes, which children are
+    device leaves and which constants), recomputed from scratch; and the plan that kernels are
+    generated from numbers its parameters as the leaves are passed (a device leaf where a
+    pointer is declared, a NumPy scalar of the declared dtype where a value is)."""
+    keys: dict[int, int] = {}
+    for item, is_node in expr.postorder(root):
+        if not is_node:
+            continue
+        structure = (item[2].id, *(keys[id(c)] if type(c) is tuple else expr.child_key(c)
+                                   for c in item[3:]))
+        assert expr.find_key(structure) == item[0], expr.describe_structure(item[0])
+        keys[id(item)] = item[0]
+    plan = expr.plan_of(root)
+    leaves = expr.leaves_of(root)
+    assert len(leaves) == len(plan.leaf_kinds)
+    for leaf, (kind, dtype) in zip(leaves, plan.leaf_kinds, strict=True):
+        assert (kind == "const") == isinstance(leaf, np.generic), (kind, type(leaf))
+        assert leaf.dtype == dtype
+
+
+def _evaluate(recipe, lazy: bool, like=None, stepwise: bool = False):
     """("value", 0-d array) | ("raised", error category) | ("python", value)."""
     with gs.lazy(lazy), warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
-            value = recipes.build(recipe, like)
+            value = recipes.build(recipe, like, stepwise=stepwise)
         except _ERRORS as error:
             return "raised", _category(error)
         if not isinstance(value, gs.GPUScalar):
             return "python", value
         if not value.is_materialized:
+            assert_structure_is_consistent(value._node)
             GENERATED_SHAPES.setdefault(value._node[0], value._node)
         try:
             return "value", value.array
@@ -216,22 +238,33 @@ def _same_bits(a, b) -> bool:
 
 
 def check_lazy_equals_eager(recipe, like=None) -> None:
+    """Lazy == eager: the same dtype and bits, the same Python/NumPy result, or an error of
+    the same category (TypeError, ValueError, OverflowError, ZeroDivisionError, ...).
+
+    Two lazy runs: one evaluating every operation where it is built (``stepwise``), whose
+    errors must be eager's exactly, and one evaluating the whole expression at the end, which
+    must give the same value; there only a run-time error (NumPy's ValueError for an integer
+    to a negative power) may surface later, where the expression is evaluated, so a later
+    operation's own error may come first.
+    """
     eager = _evaluate(recipe, False, like)
+    stepwise = _evaluate(recipe, True, like, stepwise=True)
     lazy = _evaluate(recipe, True, like)
-    if eager[0] == "python":
-        return  # no GPUScalar involved at the root
-    assert lazy[0] == eager[0], (recipe, eager, lazy)
-    if eager[0] == "raised":
-        if eager[1] is ValueError:
-            # NumPy's one run-time error here (an integer to a negative integer power) is
-            # raised lazily where the expression is evaluated, so a later operation's own
-            # error (a TypeError when it is built) may come first
-            return
-        assert lazy[1] is eager[1], (recipe, eager, lazy)
-        return
-    host = [_host_array(v) for v in (eager[1], lazy[1])]
-    assert host[0].dtype == host[1].dtype, (recipe, host)
-    assert _same_bits(*host), (recipe, host)
+    for result in (stepwise, lazy):
+        assert result[0] == eager[0], (recipe, eager, result)
+        if eager[0] == "raised":
+            if result is lazy and eager[1] is ValueError:
+                continue
+            assert result[1] is eager[1], (recipe, eager, result)
+        elif eager[0] == "python":
+            assert type(result[1]) is type(eager[1]), (recipe, eager, result)
+            if isinstance(eager[1], (np.generic, np.ndarray)):
+                assert eager[1].dtype == result[1].dtype, (recipe, eager, result)
+                assert _same_bits(eager[1], result[1]), (recipe, eager, result)
+        else:
+            host = [_host_array(v) for v in (eager[1], result[1])]
+            assert host[0].dtype == host[1].dtype, (recipe, host)
+            assert _same_bits(*host), (recipe, host)
 
 
 def _host_array(array):
@@ -297,3 +330,86 @@ def test_every_shape_the_parity_tests_built_compiles_with_nvrtc(nvrtc):
     shapes = dict(GENERATED_SHAPES)
     shapes.update(shapes_of(recipes.random_recipe(random.Random(2026)) for _ in range(100)))
     assert compile_shapes(nvrtc, shapes) == len(shapes)
+
+
+# ---- integer offsets fold into constants only (never into a device leaf) ------------------------
+
+
+@pytest.mark.parametrize("build", [
+    lambda a, b: (a + b) + 1,
+    lambda a, b: (a + b) - 2,
+    lambda a, b: (a + b) + 1 + 1,
+    lambda a, b: a + 1 + 1,
+    lambda a, b: (a - b) + 5,
+    lambda a, b: (b + 1) + a + 1,
+])
+def test_integer_offsets_fold_into_constants_only(build):
+    """A counter's ``+ 1 + 1`` is summed into one constant; a device leaf in the same place
+    is never read (a hidden sync) nor turned into a constant (the kernel would receive a
+    number where its key declares a pointer)."""
+    from gpuscalar import optim
+
+    a = gs.GPUScalar(gs.strict.xp.asarray(np.int64(5)))
+    b = gs.GPUScalar(gs.strict.xp.asarray(np.int64(3)))
+    with gs.count_syncs(include_cupy=True) as counter, gs.sync_guard("error"):
+        result = build(a, b)
+    assert counter.count == 0 and counter.device_ops == 0
+    assert not result.is_materialized
+    assert_structure_is_consistent(result._node)
+    kind, leaves = optim._route(result)  # what a fused optimizer passes its kernel
+    plan = expr.plan_for_key(kind[1])
+    assert [k for k, _ in plan.leaf_kinds] == [
+        "const" if isinstance(leaf, np.generic) else "leaf" for leaf in leaves]
+    with gs.lazy(False):
+        expected = int(build(a, b))
+    assert int(result) == expected
+
+
+def test_a_counter_folds_its_offsets_into_one_constant():
+    step = gs.asscalar(7, dtype=np.int64) * 2  # a pending multiply, then offsets
+    counted = step + 1 + 1 - 5
+    assert counted._node[1] == 2  # multiply, and one add of the summed constant
+    assert expr.leaves_of(counted._node)[-1] == -3
+    assert int(counted) == 11
+
+
+# ---- Python numbers converted as NumPy converts them (eager decides the doubtful ones) ----------
+
+F32, F64, U8, U64 = (np.dtype(n) for n in ("float32", "float64", "uint8", "uint64"))
+BOOL = np.dtype(bool)
+
+#: Each (recipe) once gave a different value, dtype or error lazily than eagerly.
+NUMBER_CONVERSIONS = [
+    ("np.logical_xor", ("py", 2**63), ("dev", F64, 1.5)),     # eager: OverflowError
+    ("np.logical_and", ("dev", BOOL, True), ("py", 2**64)),   # eager: OverflowError
+    ("where", ("dev", BOOL, True), ("py", -1), ("dev", U8, 5)),   # eager: uint8 255 (wraps)
+    ("where", ("dev", BOOL, True), ("py", 300), ("dev", U8, 5)),  # eager: uint8 44
+    ("where", ("dev", BOOL, True), ("py", 2**64), ("dev", U8, 5)),  # eager: OverflowError
+    # int64 -> float32 rounds once in where; a direct conversion would round twice
+    ("where", ("dev", BOOL, True), ("py", 2**53 + 2**29 + 1), ("dev", F32, 1.5)),
+    ("add", ("dev", F32, 1.5), ("py", 2**53 + 2**29 + 1)),
+    ("np.minimum", ("py", 2**64), ("dev", F64, 1.5)),
+    ("np.ldexp", ("dev", F64, 1.5), ("py", 2**40)),
+    ("lt", ("dev", U64, 5), ("py", -1)),
+    ("add", ("dev", U64, 5), ("py", 2**63)),
+    ("add", ("dev", U8, 5), ("py", 300)),                     # eager: OverflowError
+    ("gt", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),  # NumPy's own result
+    ("add", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),
+    ("where", ("np", BOOL, True), ("np", F32, 2.5), ("mul", ("dev", F32, 1.0), ("py", 3))),
+]
+
+
+@pytest.mark.parametrize("recipe", NUMBER_CONVERSIONS, ids=str)
+def test_python_numbers_give_the_eager_value_dtype_and_error(xp, recipe):
+    check_lazy_equals_eager(recipe, like=xp.zeros(1))
+
+
+def test_a_shared_subexpression_gives_the_eager_bits(xp):
+    """A DAG: one pending scalar used by several operations (and twice by one)."""
+    shared = ("shared", 0, ("mul", ("dev", F32, 1.5), ("py", 3)))
+    check_lazy_equals_eager(("add", ("mul", shared, shared), ("sub", shared, ("py", 0.5))),
+                            like=xp.zeros(1))
+    big = ("shared", 1, ("add", ("mul", ("add", ("dev", F64, 1.25), ("py", 1)), ("py", 2.0)),
+                         ("sqrt", ("dev", F64, 2.0))))
+    check_lazy_equals_eager(("hypot", ("mul", big, big), ("minimum", big, ("py", 1.0))),
+                            like=xp.zeros(1))

@@ -151,3 +151,83 @@ def test_dtype_argument_is_only_given_where_it_pins_cupys_loop():
     assert fusion.dtype_pins_loop("true_divide", np.dtype(np.float64))
     # CuPy's first int8-output power loop reads bools: dtype=int8 would cast the inputs to bool
     assert not fusion.dtype_pins_loop("power", np.dtype(np.int8))
+
+
+# ---- keyword arguments: every one honoured ------------------------------------------------------
+
+
+def _large_pending(like):
+    """A pending scalar larger than expr.KEEP_NODES (an array kernel keeps such a scalar)."""
+    step = gs.asscalar(3, like=like, dtype=np.int64)
+    lr = 0.1 * gs.minimum(1.0, (step + 1) / 10.0) * 0.5 * (1 + gs.cos(np.pi * step / 100))
+    assert not gs.expr.is_lazy() or lr._node[1] > gs.expr.KEEP_NODES
+    return lr
+
+
+@pytest.mark.parametrize("build", [
+    lambda x, p, m, o: np.add(x, p, where=m, out=o),
+    lambda x, p, m, o: np.multiply(p, x, where=m, out=(o,)),
+    lambda x, p, m, o: np.subtract(x, p, out=o, where=m, casting="same_kind"),
+    lambda x, p, m, o: np.add(x, p, out=o, dtype=np.float64, casting="same_kind"),
+])
+def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build):
+    """``where=`` (and the other keywords) reach the operation: the masked elements keep their
+    value, as eagerly; on the strict device the mask is device data like the operands."""
+    def run(lazy):
+        x = xp.asarray(np.arange(4.0))
+        mask = xp.asarray(np.array([True, False, True, False]))
+        out = xp.asarray(np.full(4, -1.0))
+        with gs.lazy(lazy):
+            pending = gs.asscalar(2.0, like=x) * 3
+            result = build(x, pending, mask, out)
+        assert result is out or (type(result) is tuple and result[0] is out)
+        return host(out).tolist()
+
+    assert run(True) == run(False)
+
+
+def test_cupy_fuses_only_the_keywords_its_kernel_implements():
+    from gpuscalar import fusion
+
+    assert fusion.cupy_fuses_keywords({})
+    assert fusion.cupy_fuses_keywords({"casting": "unsafe"})
+    assert fusion.cupy_fuses_keywords({"out": object(), "dtype": np.float32, "casting": "unsafe"})
+    for refused in ({"where": object(), "casting": "unsafe"},
+                    {"order": "C", "casting": "unsafe"},
+                    {"casting": "same_kind"},
+                    {"dtype": np.float32},          # CuPy checks same_kind for this one
+                    {"out": object()},
+                    {"subok": True, "casting": "unsafe"}):
+        assert not fusion.cupy_fuses_keywords(refused), refused
+
+
+def test_a_host_result_has_the_eager_type():
+    """On NumPy a ufunc of 0-d operands gives a NumPy scalar; fused or not, the same."""
+    with gs.lazy(False):
+        eager = np.add(np.asarray(1.5), gs.asscalar(2.0) * 3)
+    lazy = np.add(np.asarray(1.5), gs.asscalar(2.0) * 3)
+    assert type(lazy) is type(eager) and lazy == eager
+    assert type(np.float32(1.5) > gs.asscalar(2.0) * 3) is np.bool_
+
+
+# ---- a kept scalar needs a launch that stores it ------------------------------------------------
+
+
+def test_an_empty_array_operation_keeps_no_scalar(xp):
+    """CuPy launches nothing for an empty shape, so a scalar it was to store would be garbage:
+    no backend keeps one there (the same decision everywhere); a later read evaluates it."""
+    empty = xp.zeros(0, dtype=np.float32)
+    lr = _large_pending(empty)
+    with gs.count_syncs() as counter:
+        result = lr * empty
+    assert result.shape == (0,) and counter.device_ops == 1
+    assert not lr.is_materialized
+    with gs.count_syncs() as counter:
+        value = float(lr)
+    assert counter.device_ops == 1 and counter.count == 1
+    with gs.lazy(False):
+        assert value == float(_large_pending(empty))
+    full = xp.ones(3, dtype=np.float32)
+    lr = _large_pending(full)
+    lr * full
+    assert lr.is_materialized  # a non-empty operation stores it (no launch of its own)

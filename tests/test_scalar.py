@@ -436,3 +436,58 @@ def test_torch_and_numba_take_a_cupy_gpuscalar_without_a_copy():
     assert tensor.shape == () and tensor.data_ptr() == s.array.data.ptr
     assert numba_cuda.as_cuda_array(s).__cuda_array_interface__["data"][0] == s.array.data.ptr
     assert float(tensor) == 6.0
+
+
+# ---- no host-to-device copy: a CUDA graph being captured refuses one -----------------------------
+
+
+@pytest.fixture
+def uploads_refused(monkeypatch):
+    """The strict device's ``asarray`` refuses host data (as CuPy refuses an upload while a
+    stream captures); device arrays pass."""
+    original = strict.xp.asarray
+
+    def asarray(value, *args, **kwargs):
+        if type(value) is not strict.StrictArray and getattr(value, "_backend", None) is None:
+            raise AssertionError(f"a host-to-device copy of {type(value).__name__}")
+        return original(value, *args, **kwargs)
+
+    monkeypatch.setitem(strict.xp.__dict__, "asarray", asarray)
+    monkeypatch.setitem(strict.xp.__dict__, "array", asarray)
+
+
+@pytest.mark.parametrize(("value", "dtype"), [
+    (2.5, None), (3, None), (True, None), (1 + 2j, None), (np.float32(1.5), None),
+    (np.array(7, dtype=np.int16), None), (2.5, "float16"), (-1, "int8"), (255, "uint8"),
+])
+def test_asscalar_makes_device_values_without_an_upload(uploads_refused, value, dtype):
+    """Python numbers and NumPy scalars become device scalars through a fill kernel that
+    takes the value as an argument: allowed inside a captured step's body, one device op,
+    the value and dtype ``asarray`` would give."""
+    with strict.device(1):
+        like = strict.xp.zeros(1, dtype=np.float32)
+    with gs.sync.graph_body(), gs.count_syncs(include_cupy=True) as counter:
+        scalar = gs.asscalar(value, like=like, dtype=dtype)
+    assert counter.device_ops == 1 and counter.count == 0
+    expected = gs.asscalar(value, like=np.zeros(1, dtype=np.float32), dtype=dtype)  # NumPy
+    assert scalar.dtype == expected.dtype and scalar.device == 1
+    assert scalar.item() == expected.item()
+
+
+def test_asscalar_keeps_asarrays_errors_on_a_device(uploads_refused):
+    like = strict.xp.zeros(1)
+    with pytest.raises(OverflowError):
+        gs.asscalar(300, like=like, dtype=np.uint8)
+    with pytest.raises(TypeError):
+        gs.asscalar(1 + 2j, like=like, dtype=np.float64)
+    with pytest.raises(ValueError):
+        gs.asscalar(math.nan, like=like, dtype=np.int64)
+
+
+def test_unpickling_a_device_scalar_uploads_nothing(uploads_refused):
+    scalar = gs.asscalar(np.float32(2.5), like=strict.xp.zeros(1))
+    payload = pickle.dumps(scalar)  # the read of the value: a sync, outside the body
+    with gs.sync.graph_body(), gs.count_syncs() as counter:
+        again = pickle.loads(payload)
+    assert counter.device_ops == 1
+    assert again.dtype == np.float32 and again.backend.name == "strict" and again.item() == 2.5
