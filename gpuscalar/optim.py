@@ -251,12 +251,34 @@ def _route(value: Any) -> tuple[ScalarKind, tuple[Any, ...]]:
     if isinstance(value, GPUScalar):
         node = _node_of(value)
         if node is not None:
-            return ("pending", expr.plan_of(node).key), tuple(expr.leaves_of(node))
-        array = _array_of(value)
+            plan = expr.plan_of(node)
+            if value.backend.evaluates_on_host or _cupy_fuses(plan):
+                return ("pending", plan.key), tuple(expr.leaves_of(node))
+        array = _array_of(value)  # CuPy cannot compute it in the kernel: one launch first
         return ("pointer", _POINTER_DTYPE_NAMES[array.dtype]), (array,)
     if type(value) is _CounterRead:
         return ("counter", value.read), (value.array,)
     return _VALUE, (value,)
+
+
+_CUPY_FUSES: dict[Any, bool] = {}
+
+
+def _cupy_fuses(plan: expr.Plan) -> bool:
+    """Whether CuPy kernel code can be generated for ``plan``'s expressions (not, e.g., an
+    operation CuPy has no fusable routine for): decided once per structure."""
+    try:
+        return _CUPY_FUSES[plan.key]
+    except KeyError:
+        pass
+    try:
+        codegen.plan_code(plan, "probe_")
+    except codegen.FusionUnsupported:
+        fuses = False
+    else:
+        fuses = True
+    _CUPY_FUSES[plan.key] = fuses
+    return fuses
 
 
 def _kernel_arguments(kind: ScalarKind, leaves: tuple[Any, ...], ctype: type) -> tuple:

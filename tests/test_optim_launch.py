@@ -30,7 +30,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import backend as backend_module
-from gpuscalar import optim, sync
+from gpuscalar import codegen, optim, sync
 
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
 
@@ -168,6 +168,7 @@ class EmulatedCuda(backend_module.Backend):
         self.max_chunk = optim.MULTI_TENSOR_CHUNK  # the longest block a multi-tensor launch has
         self._xp = _Namespace(
             zeros=lambda *a, **k: self._new(np.zeros(*a, **k)),
+            full=lambda shape, value, dtype=None: self._new(np.full(shape, value, dtype=dtype)),
             asarray=lambda a, dtype=None: self._new(np.array(a, dtype=dtype, copy=True)),
             copy=lambda a: self._new(np.array(a, copy=True)),
             copyto=np.copyto,
@@ -717,3 +718,24 @@ def test_generated_cuda_c_runs_natively(monkeypatch, tmp_path):
     for a, b in zip(got, expected, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+
+
+def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rng, monkeypatch):
+    """A pending learning rate is computed in the kernel's prelude when CuPy kernel code exists
+    for it; when it does not (an operation with no fusable routine), it is evaluated first (one
+    launch) and passed by pointer, and the step still runs."""
+    lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
+    assert optim._route(lr)[0][0] == "pending"
+
+    def no_code(plan, prefix):
+        raise codegen.FusionUnsupported("no fusable routine")
+
+    monkeypatch.setattr(optim, "_CUPY_FUSES", {})
+    monkeypatch.setattr(codegen, "plan_code", no_code)
+    lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
+    assert optim._route(lr)[0] == ("pointer", "float64") and lr.is_materialized
+    start = rng.standard_normal(5).astype(np.float32)
+    params = [emu.xp.asarray(start)]
+    opt = optim.SGD(params, lr=gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1)
+    opt.step([emu.xp.asarray(np.ones(5, np.float32))])
+    np.testing.assert_allclose(np.asarray(params[0]), start - np.float32(0.05), rtol=1e-6)
