@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 
 import gpuscalar as gs
 from gpuscalar.backend import get_backend
+from gpuscalar.benchmarks import progress
 
 
 def cases(xp: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
@@ -83,8 +85,10 @@ def read_latency(backend_name: str, number: int = 200, repeat: int = 5) -> float
     return best_time(read, number, repeat)
 
 
-def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -> dict[str, Any]:
-    """Nanoseconds per op (lazy, eager, raw) for each case, and the idle read latency."""
+def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7, *,
+            quiet: bool = True) -> dict[str, Any]:
+    """Nanoseconds per op (lazy, eager, raw) for each case, and the idle read latency; a
+    progress line per case on a terminal's stderr unless ``quiet``."""
     backend = get_backend(backend_name)
     xp = backend.xp
 
@@ -101,8 +105,14 @@ def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7) -
                 "lazy_ratio": lazy_s / raw_s, "eager_ratio": eager_s / raw_s, "nodes": nodes,
                 "eager_calls": calls}
 
-    ops = {name: row(*functions) for name, functions in cases(xp).items()}
-    helpers = {name: row(*functions) for name, functions in helper_cases(xp).items()}
+    def rows(table: dict[str, Any]) -> dict[str, Any]:
+        measured = {}
+        for name, functions in table.items():
+            progress(f"overhead.py: {name} ...", quiet=quiet)
+            measured[name] = row(*functions)
+        return measured
+
+    ops, helpers = rows(cases(xp)), rows(helper_cases(xp))
     return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": ops,
             "helpers": helpers, "read_latency_us": read_latency(backend_name) * 1e6,
             "read_is_device_sync": not backend.evaluates_on_host}
@@ -123,15 +133,19 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Per-op CPU cost of GPUScalar operations (lazy, eager) against the raw "
+        "backend 0-d op, and of one host read.")
     parser.add_argument("--backend", default="numpy", choices=("numpy", "strict", "cupy"))
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the numbers")
     parser.add_argument("--number", type=int, default=20000, help="calls per timing")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     if args.backend == "cupy" and not gs.gpu_available():
-        print("bench/overhead.py --backend cupy needs a CUDA GPU; none found, nothing measured.")
-        return 0
-    result = measure(args.backend, number=args.number)
+        print("bench/overhead.py: --backend cupy needs CuPy and a CUDA device, and none was "
+              "found; nothing measured", file=sys.stderr)
+        return 2
+    result = measure(args.backend, number=args.number, quiet=args.quiet)
     print(f"per-op CPU time on {result['device']} (best of 7 x {args.number} calls)")
     print(format_table(result))
     if args.json:

@@ -10,15 +10,18 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "demo": ("gpuscalar.demo", "run a training-style loop, float path vs gpuscalar path"),
+    "demo": ("gpuscalar.demo",
+             "one training loop three ways (float, gpuscalar, captured): syncs, launches, time"),
     "profile": ("gpuscalar.profile", "run a script and report every sync by call site"),
-    "bench": ("gpuscalar.benchmarks", "run the workload benchmarks and print one table"),
+    "bench": ("gpuscalar.benchmarks",
+              "the workload benchmarks, three paths each, in one table"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: gpuscalar {" + ",".join(SUBCOMMANDS) + "} [ARGS...]", ""]
+    lines = ["usage: gpuscalar [--version] {" + ",".join(SUBCOMMANDS) + "} [ARGS...]", ""]
     lines += [f"  {name:<8} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+    lines += ["", "'gpuscalar COMMAND --help' describes one command."]
     return "\n".join(lines)
 
 
@@ -27,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] == "--version":
+        from . import __version__
+
+        print(f"gpuscalar {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(f"gpuscalar: unknown command {name!r}\n{_usage()}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``gpuscalar bench``: syncs, device ops and time of every workload, float path vs gpuscalar.
+"""``gpuscalar bench``: syncs, device ops and time of every workload's three paths.
 
 Why this module exists: the workloads (`gpuscalar.workloads`) show what gpuscalar changes, and
 this module measures it the same way on every machine.
@@ -25,6 +25,7 @@ import json
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -48,6 +49,9 @@ __all__ = [
     "measure",
     "max_difference",
     "format_table",
+    "LEGEND",
+    "cpu_note",
+    "progress",
     "main",
 ]
 
@@ -233,15 +237,44 @@ def format_table(results: Sequence[WorkloadResult]) -> str:
     return "\n".join(lines)
 
 
+def progress(message: str, *, quiet: bool = False) -> None:
+    """One line of progress on stderr for a run longer than a couple of seconds; silent with
+    ``quiet`` or when stderr is not a terminal (logs and pipes get only the results)."""
+    if not quiet and sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+LEGEND = ("legend: 'a -> b -> c' = float path -> gpuscalar path -> gpuscalar + capture path. "
+          "Syncs and device ops are counted on the strict device: the same on any machine "
+          "(on a GPU every array call is one launch, a graph replay is one). "
+          "ratio = float time / that path's time (> 1: faster than the float path).")
+
+
+def cpu_note(backend: backend_module.Backend) -> str | None:
+    """On a CPU backend, what the times mean and what carries over to a GPU; None on CuPy."""
+    if backend is backend_module.CUPY:
+        return None
+    return (f"No GPU: times are CPU times ({backend.name}), where a sync is free and a launch "
+            "costs ~0.5 us, so they measure gpuscalar's Python overhead, not what it saves. "
+            "The counts carry over to a GPU: each sync stalls the pipeline, each launch costs "
+            "~10 us of CPU time in CuPy.")
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, width=100)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuscalar bench",
-        description="Run the workloads, float path vs gpuscalar path, and print one table: "
-        "syncs and device ops (counted), median times and the ratio float/gpuscalar.",
+        description="Run each workload's float, gpuscalar and captured paths and print one "
+        "table: syncs and device ops (counted), median times and ratios to the float path.",
     )
-    parser.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+    parser.add_argument("--backend", choices=("numpy", "strict", "cupy"), default=None,
                         help="array backend for the timings (default: cupy with a GPU, "
-                        "else numpy)")
+                        "else numpy; strict: the CuPy-strict CPU device)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="also write the numbers, date, device and versions to FILE")
     parser.add_argument("--quick", action="store_true",
@@ -264,8 +297,8 @@ def main(argv: list[str]) -> int:
                   "found; use --backend numpy", file=sys.stderr)
             return 2
         backend = backend_module.get_backend("cupy")
-    elif args.backend == "numpy":
-        backend = backend_module.NUMPY
+    elif args.backend is not None:
+        backend = backend_module.get_backend(args.backend)
     else:
         backend = backend_module.default_backend()
     if args.json:
@@ -278,13 +311,18 @@ def main(argv: list[str]) -> int:
             return 2
     size, repeats = ("quick", 5) if args.quick else ("default", 7)
     names = args.workload or list(WORKLOADS)
-    results = [measure(get_workload(name), backend, size, repeats) for name in names]
+    results = []
+    for number, name in enumerate(names, 1):
+        progress(f"gpuscalar bench: [{number}/{len(names)}] {name} ...", quiet=args.quiet)
+        results.append(measure(get_workload(name), backend, size, repeats))
     device = backend_module.describe(backend)
     print(f"gpuscalar bench: {backend.name} backend, {device}, {size} sizes, median of "
           f"{repeats} runs")
+    note = cpu_note(backend)
+    if note is not None:
+        print(_wrapped(note))
     print(format_table(results))
-    print("syncs and device ops: counted on the strict device (the same on any backend; a "
-          "graph replay is one op); ratio = float time / that path's time")
+    print(_wrapped(LEGEND))
     if args.json:
         report = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sync._MODES,
         help="run the script under sync_guard(MODE); 'error' stops at the first sync",
     )
-    parser.add_argument("script", metavar="SCRIPT", help="the Python file to run")
+    parser.add_argument("script", metavar="SCRIPT", nargs="?", help="the Python file to run")
     parser.add_argument(
         "args", metavar="ARGS", nargs=argparse.REMAINDER, help="arguments for the script"
     )
@@ -145,6 +145,9 @@ def main(argv: list[str]) -> int:
         options = parser.parse_args(list(argv))
     except SystemExit as exit_:  # argparse printed usage or help
         return _exit_status(exit_.code)
+    if options.script is None:
+        parser.print_usage(sys.stderr)
+        return _error("no SCRIPT given: name the Python file to run (its arguments follow it)")
     script: str = options.script
     if options.json is not None:
         json_dir = os.path.dirname(os.path.abspath(options.json))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -149,3 +150,54 @@ def test_bench_unwritable_json_fails_before_running(tmp_path, capsys):
     assert benchmarks.main(["--quick", "--backend", "numpy", "--json", str(target)]) == 2
     captured = capsys.readouterr()
     assert "cannot write --json" in captured.err and captured.out == ""
+
+
+def test_bench_on_the_strict_device_explains_its_numbers(capsys):
+    assert benchmarks.main(["--quick", "--backend", "strict", "--workload", "lr_schedule"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "strict backend" in out
+    assert "No GPU: times are CPU times (strict)" in out  # said before the table
+    assert out.index("No GPU") < out.index("device ops")
+    assert "legend: 'a -> b -> c' = float path -> gpuscalar path -> gpuscalar + capture path" in out
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_bench_progress_goes_to_a_terminal_only_and_not_when_quiet(monkeypatch, capsys, quiet):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    argv = ["--quick", "--backend", "numpy", "--workload", "lr_schedule", "--workload", "jacobi"]
+    assert benchmarks.main(argv + (["--quiet"] if quiet else [])) == 0
+    lines = terminal.text.splitlines()
+    assert lines == ([] if quiet else ["gpuscalar bench: [1/2] lr_schedule ...",
+                                       "gpuscalar bench: [2/2] jacobi ..."])
+    assert "[1/2]" not in capsys.readouterr().out  # progress never mixes into the results
+
+
+def test_bench_progress_is_silent_when_stderr_is_not_a_terminal(capsys):
+    assert benchmarks.main(["--quick", "--backend", "numpy", "--workload", "jacobi"]) == 0
+    assert capsys.readouterr().err == ""  # captured stderr is no terminal
+
+
+def test_overhead_script_asked_for_cupy_without_a_gpu_exits_2(monkeypatch, capsys):
+    from bench import overhead
+
+    monkeypatch.setattr(gs, "gpu_available", lambda: False)
+    assert overhead.main(["--backend", "cupy"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "needs CuPy and a CUDA device" in captured.err

@@ -224,6 +224,29 @@ def test_release(xp):
         step()
 
 
+def test_release_drops_the_function_and_its_arguments():
+    """A released step holds neither fn nor args: what they reference (arrays, closures) can be
+    freed although the step object is still alive (the release path is the same on every
+    backend; NumPy arrays can be weakly referenced)."""
+    import gc
+    import weakref
+
+    state = np.zeros(3)
+
+    def step_fn(a):
+        a += 1.0
+
+    arg_ref, fn_ref = weakref.ref(state), weakref.ref(step_fn)
+    step = gs.capture(step_fn, state, warmup=0)
+    del state, step_fn
+    gc.collect()
+    assert arg_ref() is not None and fn_ref() is not None  # held by the ready step
+    step.release()
+    gc.collect()
+    assert arg_ref() is None and fn_ref() is None
+    assert "step_fn" in repr(step) and "released" in repr(step)
+
+
 def test_frozen_python_numbers_are_baked_at_capture(xp):
     """On a GPU the Python number is baked into the graph; the README's rule. On the CPU the
     step is re-run, so the test pins what the documented fix gives on every backend."""

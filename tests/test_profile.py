@@ -201,7 +201,7 @@ def test_script_that_does_not_compile_is_a_one_line_error(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        ([], "required: SCRIPT"),
+        ([], "no SCRIPT given: name the Python file to run"),
         (["--fail-over", "-1", LOOP], "must be >= 0"),
         (["--fail-over", "many", LOOP], "expected a whole number"),
         (["--guard", "sometimes", LOOP], "invalid choice"),
@@ -212,6 +212,7 @@ def test_usage_errors_exit_2(capsys, argv, words):
     assert profile.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and words in err and "Traceback" not in err
+    assert "ARGS" not in err.splitlines()[-1]  # a script's arguments are never required
 
 
 def test_help_exits_0(capsys):
