@@ -8,13 +8,20 @@ array-api-compat does, because a user who holds a CuPy array has already importe
 `Backend.call` is the single dispatch point through which gpuscalar issues device work, so that
 every operation is counted (`count_syncs().device_ops`). `Backend.read_scalar` is the raw
 device→host copy; only `sync.to_host` may call it, which is how sync accounting stays exact.
+
+On CuPy, every place gpuscalar reaches CUDA (kernel and function launches, device->host reads,
+host->device copies, device contexts, streams, graph capture, kernel compilation) goes through
+ONE object, `CudaSeam`, held by `CUPY.seam`. Why: CI has no GPU, and a test double that stands
+for the device must replace one seam, not CuPy's many entry points (``tests/cupy_seam.py``
+records every launch there and checks it against what CuPy accepts). Swap it for a block with
+``with CUPY.seam_replaced(double): ...``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +33,7 @@ __all__ = [
     "Backend",
     "NumpyBackend",
     "CupyBackend",
+    "CudaSeam",
     "NUMPY",
     "CUPY",
     "BACKENDS",
@@ -150,10 +158,166 @@ class NumpyBackend(Backend):
         return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
 
 
+class CudaSeam:
+    """Every call by which gpuscalar's CuPy code reaches CUDA: the one seam a test double
+    replaces (`CupyBackend.seam_replaced`), so tests without a GPU see, check and answer each
+    launch, read, copy, stream and graph operation. This is the real one: each method is the
+    plain CuPy call. Methods take CuPy objects and return what CuPy returns.
+
+    Counting stays in `Backend.call`: under a replaced seam it calls ``launch`` once per
+    counted device op; with this real seam it makes the plain call itself (no extra cost on
+    the hot path). A gpuscalar function that composes several CuPy calls into one counted op
+    takes ``xp`` as an argument, so a double can hand it a namespace of its own."""
+
+    @staticmethod
+    def _cupy() -> ModuleType:
+        return CUPY.xp
+
+    # ---- work on the device -------------------------------------------------------------------
+
+    def launch(self, func: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        """Run ``func(*args, **kwargs)``: a CuPy ufunc, ``ElementwiseKernel``, ``RawKernel``
+        (``args`` = grid, block, kernel arguments), ``cupy`` function or array method, or a
+        gpuscalar host evaluator."""
+        return func(*args, **kwargs)
+
+    def compile_kernel(self, source: str, name: str, options: tuple[str, ...]) -> Any:
+        """A ``cupy.RawKernel`` for ``name`` in ``source`` (NVRTC compiles it on first launch)."""
+        return self._cupy().RawKernel(source, name, options=options)
+
+    def copy_to_host(self, array: Any) -> Any:
+        """A 0-d device array's value on the host: a device->host copy (a sync). Only
+        `CupyBackend.read_scalar` calls this (and only `sync.to_host` calls that)."""
+        # ndarray.get() is CuPy's own single choke point for device->host copies.
+        return array.get().item()
+
+    def upload(self, array: Any, host: np.ndarray, stream: Any) -> None:
+        """Copy NumPy ``host`` into the contiguous device ``array`` on ``stream``."""
+        array.set(host, stream)
+
+    # ---- devices and streams ------------------------------------------------------------------
+
+    def device_context(self, device: object) -> Any:
+        """A context manager making ``device`` (an id) current."""
+        return self._cupy().cuda.Device(device)
+
+    def current_device(self) -> int:
+        """The current device's id."""
+        return int(self._cupy().cuda.Device().id)
+
+    def synchronize(self) -> None:
+        """Wait for the current device (CuPy's ``Device.synchronize``: a declared sync)."""
+        self._cupy().cuda.Device().synchronize()
+
+    def device_wait(self) -> None:
+        """Wait for the current device without declaring a sync (``cudaDeviceSynchronize``):
+        for releasing memory, never for reading a value."""
+        self._cupy().cuda.runtime.deviceSynchronize()
+
+    def current_stream(self) -> Any:
+        """CuPy's current stream on the current device."""
+        return self._cupy().cuda.get_current_stream()
+
+    def new_stream(self) -> Any:
+        """A new non-blocking ``cupy.cuda.Stream``."""
+        return self._cupy().cuda.Stream(non_blocking=True)
+
+    def new_memory_pool(self) -> Any:
+        """A new, private ``cupy.cuda.MemoryPool``."""
+        return self._cupy().cuda.MemoryPool()
+
+    def default_memory_pool(self) -> Any:
+        """CuPy's default device memory pool."""
+        return self._cupy().get_default_memory_pool()
+
+    def using_allocator(self, malloc: Any) -> Any:
+        """A context manager routing CuPy's allocations to ``malloc`` in this thread."""
+        return self._cupy().cuda.using_allocator(malloc)
+
+    # ---- cuBLAS (gpuscalar.cublas: CuPy's own cuBLAS bindings refuse a capturing stream) ------
+
+    def blas_handle(self, stream: Any) -> Any:
+        """A `gpuscalar.cublas.Handle` bound to ``stream`` (device pointer mode, own workspace)."""
+        from . import cublas  # noqa: PLC0415 - loads the cuBLAS library: only when multiplying
+
+        return cublas.Handle(self._cupy().cuda.Memory, stream.ptr)
+
+    def blas(self, routine: str, *args: Any) -> None:
+        """Call cuBLAS ``routine`` (e.g. ``cublasSgemm_v2``) with ``args`` (a handle's value,
+        integers and device pointers), as `gpuscalar.cublas.call` does."""
+        from . import cublas  # noqa: PLC0415 - as above
+
+        cublas.call(routine, *args)
+
+    # ---- CUDA graphs --------------------------------------------------------------------------
+
+    def end_abandoned_capture(self, stream: Any) -> None:
+        """End ``stream``'s capture and destroy the partial graph without instantiating it."""
+        runtime = self._cupy().cuda.runtime
+        graph = runtime.streamEndCapture(stream.ptr)
+        if graph:
+            runtime.graphDestroy(graph)
+
+    # Streams themselves (``begin_capture``, ``end_capture``, ``record``, ``wait_event``,
+    # ``synchronize``, ``is_capturing``) and graphs (``upload``, ``launch``) are CuPy objects the
+    # seam hands out; a double hands out its own.
+
+
 class CupyBackend(Backend):
     name = "cupy"
     multi_device = True
     supports_signature = False
+
+    def __init__(self) -> None:
+        self.seam: CudaSeam = CudaSeam()
+        #: what was made through a seam and must not outlive it (compiled kernels, device
+        #: constants, cuBLAS handles): emptied while another seam stands, refilled after
+        self._seam_caches: list[dict[Any, Any]] = [self.__dict__.setdefault("_kernels", {})]
+
+    # `call` is `Backend.call` (the real seam's ``launch`` is the plain call it makes, so the
+    # hot path costs nothing extra); `seam_replaced` installs `_call_through_seam` instead.
+
+    def _call_through_seam(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`Backend.call` while a seam that launches by itself stands: counted, then the seam's
+        ``launch``."""
+        sync.note_device_op()
+        return self.seam.launch(func, args, kwargs)
+
+    def seam_cache(self, cache: dict[Any, Any]) -> dict[Any, Any]:
+        """Register ``cache`` (a module's dict of device objects made through the seam) to be
+        emptied while `seam_replaced` stands and restored after; returns it."""
+        if not any(cache is known for known in self._seam_caches):
+            self._seam_caches.append(cache)
+        return cache
+
+    @contextlib.contextmanager
+    def seam_replaced(self, seam: CudaSeam) -> Iterator[CudaSeam]:
+        """Route every CUDA call gpuscalar makes on CuPy to ``seam`` (a test double, usually a
+        `CudaSeam` subclass) for the block; the previous seam is restored on exit. The caches
+        of device objects (`seam_cache`) start empty under ``seam`` and get their contents
+        back after: nothing made through one seam is used through another."""
+        if not isinstance(seam, CudaSeam):
+            raise TypeError(f"seam_replaced: expected a CudaSeam, got {type(seam).__name__}")
+        saved = self.seam, self.__dict__.get("call"), [dict(c) for c in self._seam_caches]
+        for cache in self._seam_caches:
+            cache.clear()
+        self.seam = seam
+        if type(seam).launch is not CudaSeam.launch:
+            self.call = self._call_through_seam  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("call", None)
+        try:
+            yield seam
+        finally:
+            self.seam = saved[0]
+            if saved[1] is None:
+                self.__dict__.pop("call", None)
+            else:
+                self.call = saved[1]  # type: ignore[method-assign]
+            for cache, contents in zip(self._seam_caches, saved[2], strict=False):
+                cache.clear()
+                cache.update(contents)
 
     @property
     def xp(self) -> ModuleType:
@@ -170,14 +334,13 @@ class CupyBackend(Backend):
         return array.device.id
 
     def device_context(self, device: object) -> Any:
-        return self.xp.cuda.Device(device)
+        return self.seam.device_context(device)
 
     def synchronize(self) -> None:
-        self.xp.cuda.Device().synchronize()
+        self.seam.synchronize()
 
     def read_scalar(self, array: Any) -> Any:
-        # ndarray.get() is CuPy's own single choke point for device->host copies.
-        return array.get().item()
+        return self.seam.copy_to_host(array)
 
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
         flat = x.ravel() if axis is None else x
@@ -201,11 +364,11 @@ class CupyBackend(Backend):
         with a grid-stride loop: one counted device op. 0-d arrays in ``args`` are passed as
         device pointers, so the kernel reads device scalars itself (no sync). ``grid`` (blocks)
         overrides the grid computed from ``size``, for kernels that index their own work."""
-        cache = self.__dict__.setdefault("_kernels", {})
+        cache = self._kernels
         kernel = cache.get((source, name))
         if kernel is None:
-            kernel = cache[(source, name)] = self.xp.RawKernel(
-                source, name, options=self.kernel_options
+            kernel = cache[(source, name)] = self.seam.compile_kernel(
+                source, name, self.kernel_options
             )
         if grid is None:
             grid = max(1, min((size + block - 1) // block, 65535))
@@ -225,7 +388,9 @@ class CupyBackend(Backend):
                 "would read host memory that is gone when the graph replays; pass the values "
                 "as kernel arguments (which the graph keeps) or copy before capturing"
             )
-        self.call(array.set, host, self.xp.cuda.get_current_stream())
+        sync.note_device_op()
+        seam = self.seam
+        seam.upload(array, host, seam.current_stream())
 
     # ---- end of fused kernels ----
 

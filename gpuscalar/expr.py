@@ -25,6 +25,15 @@ expressions built from it earlier keep the subtree they captured (and the key th
 it), so materialization never changes an existing node and memory stays bounded.
 
 Walks are iterative (post-order), so no expression depth meets Python's recursion limit.
+
+Threads: the process-wide tables (`Op` ids, structure keys, plans) are shared by every thread,
+as a float's arithmetic would be. A lookup that hits is a plain dict read (no lock: recording a
+node costs well under a microsecond); a miss takes `_TABLE_LOCK`, looks again, and only then
+hands out the next id or key, so two threads using an op or a shape for the first time together
+get one id or key (never the same id for two ops, which would share a kernel and give wrong
+values). Plans are an LRU bounded by `set_plan_cache_size` (a plan is rebuilt from its key);
+structure keys are never dropped (a key lives in every node and kernel of its shape), so their
+table grows by ~`KEY_BYTES_PER_SHAPE` per distinct expression shape ever built.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -59,6 +70,9 @@ __all__ = [
     "Plan",
     "plan_of",
     "plan_for_key",
+    "PLAN_CACHE_SIZE",
+    "set_plan_cache_size",
+    "KEY_BYTES_PER_SHAPE",
     "evaluate_on_host",
     "evaluate_plan",
     "lazy",
@@ -147,46 +161,67 @@ class Op:
         return f"Op({self.name}({ins})->{outs}{pick}{extra})"
 
 
+#: Taken on the miss path of every interning table below (never on a hit): the lookup is
+#: repeated under it, so one id or key is handed out per identity however many threads miss
+#: together. Re-entrant: interning a key may intern its leaf kinds.
+_TABLE_LOCK = threading.RLock()
+
 _OPS: dict[tuple, Op] = {}
 _OPS_BY_ID: list[Op] = []
 
 
 def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
            out_dtypes: tuple[np.dtype, ...], output: int = 0, param: Any = None) -> Op:
-    """The interned `Op` for these properties."""
+    """The interned `Op` for these properties (thread-safe: one id per op)."""
     identity = (kind, name, in_dtypes, out_dtypes, output, param)
     op = _OPS.get(identity)
     if op is None:
-        op = object.__new__(Op)
-        op.kind, op.name, op.in_dtypes, op.out_dtypes = kind, name, in_dtypes, out_dtypes
-        op.output, op.param, op.id = output, param, len(_OPS)
-        op.signature = in_dtypes + out_dtypes
-        _OPS[identity] = op
-        _OPS_BY_ID.append(op)
+        with _TABLE_LOCK:
+            op = _OPS.get(identity)
+            if op is None:
+                op = object.__new__(Op)
+                op.kind, op.name, op.in_dtypes, op.out_dtypes = kind, name, in_dtypes, out_dtypes
+                op.output, op.param, op.id = output, param, len(_OPS_BY_ID)
+                op.signature = in_dtypes + out_dtypes
+                _OPS_BY_ID.append(op)  # findable by id before its identity is published
+                _OPS[identity] = op
     return op
 
 
 #: structure -> key. A node's structure is (op id, child keys...); a leaf's is ("leaf", dtype)
-#: and a Python number's ("const", dtype).
+#: and a Python number's ("const", dtype). Never shrinks: see `KEY_BYTES_PER_SHAPE`.
 _KEYS: dict[tuple, int] = {}
-_KEY_STRUCTURE: list[tuple] = []  # key -> structure (for names and debugging)
+_KEY_STRUCTURE: list[tuple] = []  # key -> structure (for plans, names and debugging)
+
+#: Rough memory of the structure-key table per distinct expression shape (one node structure:
+#: its tuple of op id and child keys, the dict entry, the list slot and the int key), measured
+#: with tracemalloc over 10,000 distinct binary-op shapes on CPython 3.11 (129 bytes each; a
+#: three-operand ``where`` adds 8). A program builds a bounded set of shapes (a loop repeats
+#: its own), so this is the cost of its distinct expressions, e.g. ~1.3 MB for 10,000 of them;
+#: keys are never dropped, since every node and compiled kernel of a shape names it by key.
+KEY_BYTES_PER_SHAPE = 130
 
 
 def _intern(structure: tuple) -> int:
     key = _KEYS.get(structure)
     if key is None:
-        key = _KEYS[structure] = len(_KEY_STRUCTURE)
-        _KEY_STRUCTURE.append(structure)
+        with _TABLE_LOCK:
+            key = _KEYS.get(structure)
+            if key is None:
+                key = len(_KEY_STRUCTURE)
+                _KEY_STRUCTURE.append(structure)  # describable before the key is published
+                _KEYS[structure] = key
     return key
 
 
 #: The hot path (gpuscalar.scalar's generated operators) builds a structure tuple itself and
-#: looks its key up here, interning it only the first time.
+#: looks its key up here (a plain dict read), interning it (under the lock) only the first time.
 find_key = _KEYS.get
 intern_key = _intern
 
 class _LeafKeys(dict):
-    """dtype -> the key of a 0-d device array of that dtype used as a leaf (made on demand)."""
+    """dtype -> the key of a 0-d device array of that dtype used as a leaf (made on demand;
+    concurrent first uses store the same key, `_intern` being thread-safe)."""
 
     def __missing__(self, dtype: np.dtype) -> int:
         key = self[dtype] = _intern(("leaf", dtype))
@@ -301,40 +336,83 @@ def leaves_of(root: tuple) -> list[Any]:
 
 class Plan:
     """How to evaluate one expression structure: ``steps`` in post-order, each ``(op, refs)``
-    where a ref ``>= 0`` is a leaf index and ``~j`` is the result of step ``j``."""
+    where a ref ``>= 0`` is a leaf index and ``~j`` is the result of step ``j``. Built from the
+    structure key alone (the key table describes the whole tree), so an evicted plan is rebuilt
+    the same."""
 
     __slots__ = ("key", "steps", "leaf_kinds", "name")
 
-    def __init__(self, root: tuple) -> None:
-        self.key = root[0]
+    def __init__(self, key: int) -> None:
+        self.key = key
         steps: list[tuple[Op, tuple[int, ...]]] = []
         leaf_kinds: list[tuple[str, np.dtype]] = []
         refs: list[int] = []
-        for item, node in postorder(root):
-            if not node:
-                kind = "const" if isinstance(item, np.generic) else "leaf"
+        # Post-order over the structures, children left to right (as `postorder` walks nodes).
+        stack: list[tuple[int, int]] = [(key, 1)]
+        while stack:
+            item, next_child = stack.pop()
+            structure = _KEY_STRUCTURE[item]
+            if structure[0] in ("leaf", "const"):
                 refs.append(len(leaf_kinds))
-                leaf_kinds.append((kind, item.dtype))
+                leaf_kinds.append(structure)
                 continue
-            arity = len(item) - 3
+            if next_child < len(structure):
+                stack.append((item, next_child + 1))
+                stack.append((structure[next_child], 1))
+                continue
+            arity = len(structure) - 1
             args = tuple(refs[len(refs) - arity:])
             del refs[len(refs) - arity:]
             refs.append(~len(steps))
-            steps.append((item[2], args))
+            steps.append((_OPS_BY_ID[structure[0]], args))
         self.steps = tuple(steps)
         self.leaf_kinds = tuple(leaf_kinds)
-        self.name = structure_name(self.key)
+        self.name = structure_name(key)
 
 
-_PLANS: dict[int, Plan] = {}
+#: How many plans `plan_of` keeps (least recently used dropped first); `set_plan_cache_size`.
+PLAN_CACHE_SIZE = 4096
+_PLANS: OrderedDict[int, Plan] = OrderedDict()
+
+
+def set_plan_cache_size(size: int) -> int:
+    """Bound the plan cache to ``size`` plans (>= 1) and return the previous bound.
+
+    A plan costs ~160 bytes per op node (tracemalloc, CPython 3.11); a program's loop reuses
+    a handful of shapes, so the default (4096) only matters to programs that build ever new
+    expression shapes. A dropped plan is rebuilt from its key when needed again (a tree walk,
+    no compilation). Process-wide, like the tables it bounds.
+    """
+    global PLAN_CACHE_SIZE
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"set_plan_cache_size() takes an int >= 1, got {size!r}")
+    with _TABLE_LOCK:
+        previous, PLAN_CACHE_SIZE = PLAN_CACHE_SIZE, size
+        while len(_PLANS) > size:
+            _PLANS.popitem(last=False)
+    return previous
+
+
+def plan_for_key(key: int) -> Plan:
+    """The (cached) plan of the structure ``key``: O(1) after the first use of a shape."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        try:
+            _PLANS.move_to_end(key)
+        except KeyError:  # another thread dropped it just now: still a valid plan
+            pass
+        return plan
+    plan = Plan(key)  # outside the lock: concurrent misses build equal plans
+    with _TABLE_LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
+    return plan
 
 
 def plan_of(root: tuple) -> Plan:
     """The (cached) plan of ``root``'s structure: O(1) after the first expression of a shape."""
-    plan = _PLANS.get(root[0])
-    if plan is None:
-        plan = _PLANS[root[0]] = Plan(root)
-    return plan
+    return plan_for_key(root[0])
 
 
 # ---- the host evaluator ---------------------------------------------------------------------
@@ -350,11 +428,6 @@ def _apply_on_host(op: Op, args: list[Any]) -> Any:
     if op.kind == "round":
         return np.round(args[0], op.param)
     raise AssertionError(f"unknown op kind {op.kind!r}")
-
-
-def plan_for_key(key: int) -> Plan:
-    """The plan of a structure already planned in this process (`plan_of` made it)."""
-    return _PLANS[key]
 
 
 def evaluate_on_host(root: tuple, host_data: Callable[[Any], Any]) -> np.ndarray:

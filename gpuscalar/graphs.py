@@ -159,7 +159,7 @@ def _placement(fn: Callable[..., Any], args: tuple[Any, ...]) -> Placement:
     if found is not None:
         return found
     backend = default_backend()  # a step that reaches its arrays some other way
-    return backend, (backend.xp.cuda.Device().id if backend is CUPY else None)
+    return backend, (CUPY.seam.current_device() if backend is CUPY else None)
 
 
 # ---- the guard ----------------------------------------------------------------------------
@@ -231,20 +231,21 @@ class _GraphResources:
     memory pool: released together, and never while a recording is under way (freeing device
     memory or destroying a cuBLAS handle synchronizes, which would invalidate it)."""
 
-    __slots__ = ("device", "stream", "pool", "graph")
+    __slots__ = ("device", "stream", "pool", "graph", "seam")
 
     def __init__(self, device: object, stream: Any, pool: Any) -> None:
         self.device, self.stream, self.pool, self.graph = device, stream, pool, None
+        self.seam = CUPY.seam  # released through the seam that made them, whenever that is
 
     def close(self) -> None:
         stream, pool = self.stream, self.pool
         self.graph = self.stream = self.pool = None  # a graph still running finishes first
         if stream is None:
             return
-        with CUPY.device_context(self.device):
+        with self.seam.device_context(self.device):
             # the last replay has finished before its memory is freed (a wait, not a value read:
             # not CuPy's Device.synchronize, which declares a sync to a guard that may be on)
-            CUPY.xp.cuda.runtime.deviceSynchronize()
+            self.seam.device_wait()
             linalg.release_stream(stream.ptr)
             pool.free_all_blocks()
 
@@ -286,10 +287,7 @@ def _recording() -> Iterator[None]:
 def _end_abandoned(stream: Any) -> None:
     """End ``stream``'s capture and destroy the partial graph, without instantiating it. An
     invalidated capture reports an error here, and the stream has left capture mode anyway."""
-    runtime = CUPY.xp.cuda.runtime
-    graph = runtime.streamEndCapture(stream.ptr)
-    if graph:
-        runtime.graphDestroy(graph)
+    CUPY.seam.end_abandoned_capture(stream)
 
 
 def _pointed(error: BaseException) -> BaseException | None:
@@ -330,7 +328,13 @@ def _stream_capturing(device: object) -> bool:
     """Whether CuPy's current stream on ``device`` is capturing: a step called while another
     graph is being recorded (`gs.capture`'s, or the caller's own capture)."""
     with CUPY.device_context(device):
-        return bool(CUPY.xp.cuda.get_current_stream().is_capturing())
+        return bool(CUPY.seam.current_stream().is_capturing())
+
+
+def _released_step(*args: Any) -> Any:
+    """What a released `CapturedStep` holds instead of the user's function (never called: a
+    released step refuses to run before reaching it)."""
+    raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
 
 
 class CapturedStep:
@@ -346,6 +350,7 @@ class CapturedStep:
         self.steps = _check_count(steps, "steps", 1)
         self.backend, self.device = _placement(fn, args)
         self._fn, self._args = fn, args
+        self._name = getattr(fn, "__name__", "fn")
         self._result: Any = None
         self._resources: _GraphResources | None = None
         self._released = False
@@ -364,23 +369,24 @@ class CapturedStep:
             return _materialized(result)
 
     def _record_on_cupy(self) -> None:
-        cupy = CUPY.xp
+        seam = CUPY.seam
         with CUPY.device_context(self.device):
-            current = cupy.cuda.get_current_stream()
+            current = seam.current_stream()
             if current.is_capturing():
                 raise RuntimeError("gs.capture: the current stream is already capturing")
-            resources = _GraphResources(self.device, cupy.cuda.Stream(non_blocking=True),
-                                        cupy.cuda.MemoryPool())
+            resources = _GraphResources(self.device, seam.new_stream(), seam.new_memory_pool())
             self._resources = resources
             self._finalizer = weakref.finalize(self, _release, resources)
             stream = resources.stream
             try:
                 # the step's inputs may still be being written on the current stream
                 stream.wait_event(current.record())
-                with stream, cupy.cuda.using_allocator(resources.pool.malloc):
+                with stream, seam.using_allocator(resources.pool.malloc):
                     with _guarded(CUPY, recording=True):
                         for _ in range(self.warmup):
-                            self._fn(*self._args)
+                            # a returned pending GPUScalar is evaluated here too, so its kernel
+                            # is compiled before recording (recording then compiles nothing)
+                            _materialized(self._fn(*self._args))
                     # what gs.matmul would otherwise make while recording: alpha/beta constants
                     # and this stream's cuBLAS handle, when no warm-up ran (it would have made
                     # it) or the program multiplies somewhere (a captured step called in fn
@@ -438,9 +444,11 @@ class CapturedStep:
 
     def release(self) -> None:
         """Free the graph, the private stream and memory pool (temporaries; outputs you still
-        hold stay valid). A released step cannot be replayed."""
+        hold stay valid). A released step cannot be replayed. The step's function and arguments
+        are dropped too, so whatever they hold (arrays, closures) can be freed."""
         self._released = True
         self._result = None
+        self._fn, self._args = _released_step, ()
         if self._resources is not None:
             self._finalizer()
 
@@ -451,5 +459,5 @@ class CapturedStep:
     def __repr__(self) -> str:
         state = "released" if self._released else "ready"
         kind = "CUDA graph" if self.backend is CUPY else f"{self.backend.name}, re-run"
-        return (f"<gpuscalar CapturedStep {getattr(self._fn, '__name__', 'fn')}: "
+        return (f"<gpuscalar CapturedStep {self._name}: "
                 f"{self.steps} step(s), {kind}, {state}>")

@@ -331,17 +331,28 @@ def _coefficient(value: Any, default: float, what: str, backend: Backend, device
                         f"{type(value).__name__}")
     if backend is not CUPY:
         return value
-    return _device_constant(backend, device, dtype, float(value))
+    if float(value) in _KEPT_VALUES:
+        return _device_constant(backend, device, dtype, float(value))
+    # Any other number: written on the current stream by a fill kernel that takes it as an
+    # argument (one counted launch; no stream of its own, no wait, nothing kept per value, and
+    # inside a capture the number is baked into the graph like every kernel argument).
+    return _array_of(asscalar(value, like=like, dtype=dtype))
+
+
+#: The Python alpha/beta values kept as device constants: the defaults 1 and 0 (made before a
+#: capture by `prepare`), compared by value; the constant itself is keyed by bits (0.0, -0.0).
+_KEPT_VALUES = frozenset({1.0, 0.0})
 
 
 _constants_lock = threading.RLock()
 #: (device, dtype, the value's bits) -> a 0-d device array: a Python alpha/beta, made once, kept
-_CONSTANTS: dict[tuple[Any, np.dtype, str], Any] = {}
+_CONSTANTS: dict[tuple[Any, np.dtype, str], Any] = CUPY.seam_cache({})
 
 
 def _device_constant(backend: Backend, device: object, dtype: np.dtype, value: float) -> Any:
-    """A 0-d device array holding ``value``, made once and kept. It is written on a stream of
-    its own and waited for, from the default memory pool: made during a capture, it must hold
+    """A 0-d device array holding ``value`` (1 or 0, the defaults), made once and kept. It is
+    written on a stream of its own and waited for, from the default memory pool: made during a
+    capture, it must hold
     its value at once (not at the first replay) and outlive the step. In a captured step the
     Python number is baked into the graph, as every Python number is. Not counted as a device
     op: a one-time upload, like compiling a kernel."""
@@ -352,9 +363,10 @@ def _device_constant(backend: Backend, device: object, dtype: np.dtype, value: f
         with _constants_lock, backend.device_context(device):
             found = _CONSTANTS.get(key)
             if found is None:
-                side = xp.cuda.Stream(non_blocking=True)
-                with side, xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
-                    found = xp.full((), value, dtype=dtype)
+                seam = CUPY.seam
+                side = seam.new_stream()
+                with side, seam.using_allocator(seam.default_memory_pool().malloc):
+                    found = seam.launch(xp.full, ((), value), {"dtype": dtype})  # uncounted
                 side.synchronize()  # (a wait for an upload, not a value read)
                 _CONSTANTS[key] = found
     return found
@@ -393,7 +405,7 @@ def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta
 # `release_stream`) while this thread holds the lock making a handle
 _handles_lock = threading.RLock()
 #: (device, stream pointer) -> gpuscalar's cuBLAS handle bound to that stream
-_HANDLES: dict[tuple[object, int], cublas.Handle] = {}
+_HANDLES: dict[tuple[object, int], cublas.Handle] = CUPY.seam_cache({})
 #: handles whose stream object is gone: destroyed at the next safe moment (`_drain`)
 _DOOMED: list[cublas.Handle] = []
 #: handles whose stream is gone but that a graph of the user's own capture may still use
@@ -422,7 +434,7 @@ def _new_handle(backend: Backend, key: tuple[object, int], stream: Any) -> cubla
                 _exit_hook.append(True)
             # the workspace straight from CUDA, not a memory pool: a pool would keep it,
             # once freed, for the stream it was allocated on (which may be gone by then)
-            handle = cublas.Handle(backend.xp.cuda.Memory, stream.ptr)
+            handle = CUPY.seam.blas_handle(stream)
             _HANDLES[key] = handle
             try:
                 watcher = weakref.finalize(stream, _stream_gone, key, handle)
@@ -511,10 +523,10 @@ def close_handles() -> None:
 
 def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: Any,
             beta: Any) -> None:
-    xp = backend.xp
+    seam = CUPY.seam
     device = backend.device_of(a)
     with backend.device_context(device):
-        stream = xp.cuda.get_current_stream()
+        stream = seam.current_stream()
         handle = _handle(backend, device, stream)
         if not handle.recorded and stream.is_capturing():
             handle.recorded = True  # a graph now reads its workspace: see _stream_gone
@@ -524,16 +536,16 @@ def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: A
         sync.note_device_op()  # one cuBLAS launch
         with handle.lock:
             if call.routine == "gemm":
-                cublas.call(f"cublas{letter}gemm_v2", handle.value, call.transx, call.transy,
-                            call.m, call.n, call.k, alpha_ptr, x.data.ptr, call.ldx,
-                            y.data.ptr, call.ldy, beta_ptr, out.data.ptr, call.ldc)
+                seam.blas(f"cublas{letter}gemm_v2", handle.value, call.transx, call.transy,
+                          call.m, call.n, call.k, alpha_ptr, x.data.ptr, call.ldx,
+                          y.data.ptr, call.ldy, beta_ptr, out.data.ptr, call.ldc)
             elif call.routine == "gemm_batched":
-                cublas.call(f"cublas{letter}gemmStridedBatched", handle.value, call.transx,
-                            call.transy, call.m, call.n, call.k, alpha_ptr, x.data.ptr,
-                            call.ldx, call.stridex, y.data.ptr, call.ldy, call.stridey,
-                            beta_ptr, out.data.ptr, call.ldc, call.stridec, call.batch)
+                seam.blas(f"cublas{letter}gemmStridedBatched", handle.value, call.transx,
+                          call.transy, call.m, call.n, call.k, alpha_ptr, x.data.ptr,
+                          call.ldx, call.stridex, y.data.ptr, call.ldy, call.stridey,
+                          beta_ptr, out.data.ptr, call.ldc, call.stridec, call.batch)
             else:
                 vector = b if call.x_is == "a" else a
-                cublas.call(f"cublas{letter}gemv_v2", handle.value, call.transx, call.m,
-                            call.n, alpha_ptr, x.data.ptr, call.ldx, vector.data.ptr,
-                            call.incx, beta_ptr, out.data.ptr, call.incy)
+                seam.blas(f"cublas{letter}gemv_v2", handle.value, call.transx, call.m,
+                          call.n, alpha_ptr, x.data.ptr, call.ldx, vector.data.ptr,
+                          call.incx, beta_ptr, out.data.ptr, call.incy)

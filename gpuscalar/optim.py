@@ -726,9 +726,24 @@ def _skip(value: Any, backend: Backend, device: object) -> GPUScalar | None:
     return value
 
 
+def _describe(value: Any) -> str:
+    """A user's value for an error message, read without a sync: a GPUScalar or device array is
+    named by type and dtype (formatting its value would read it from the device, a sync, and a
+    ``SyncError`` under ``sync_guard("error")`` in place of the real error)."""
+    if isinstance(value, GPUScalar):
+        return f"a GPUScalar of dtype {value.dtype}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_describe(v) for v in value)
+        return f"a {type(value).__name__} of {len(value)} ({inner})"
+    backend = backend_of(value)
+    if backend is not None and backend is not NUMPY:
+        return f"a {backend.name} array of shape {value.shape} and dtype {value.dtype}"
+    return repr(value)
+
+
 def _betas(betas: Any, backend: Backend, device: object, name: str = "betas") -> tuple[Any, Any]:
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise TypeError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
+        raise TypeError(f"{name} must be a pair (beta1, beta2), got {_describe(betas)}")
     return (
         _hyper(betas[0], f"{name}[0]", backend, device, high=1.0, high_open=True),
         _hyper(betas[1], f"{name}[1]", backend, device, high=1.0, high_open=True),
@@ -884,7 +899,9 @@ def clip_grad_norm(grads: Sequence[Any], max_norm: Any, norm_type: float = 2.0) 
             raise TypeError(f"grads[{i}] is a {backend_of(g).name} array but grads[0] is "
                             f"{backend.name}")
     if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)) or norm_type <= 0:
-        raise ValueError(f"norm_type must be a positive number or math.inf, got {norm_type!r}")
+        raise ValueError(
+            f"norm_type must be a positive number or math.inf, got {_describe(norm_type)}"
+        )
     max_norm = _hyper(max_norm, "max_norm", backend, backend.device_of(items[0]))
     total = reduce.global_norm(items, ord=norm_type)
     # as PyTorch, the coefficient is applied in each gradient's dtype; when lazy, each multiply
@@ -898,24 +915,33 @@ def clip_grad_norm(grads: Sequence[Any], max_norm: Any, norm_type: float = 2.0) 
 def all_finite(arrays: Sequence[Any]) -> GPUScalar:
     """Whether every element of every array is finite, as a bool GPUScalar (no sync).
 
-    For loss scaling: ``opt.step(grads, skip_if=~all_finite(grads))``.
+    For loss scaling: ``opt.step(grads, skip_if=~all_finite(grads))``. Device ops: 2 for one
+    array (``isfinite``, ``all``); for ``n`` arrays 1 (a bool vector of ``n`` slots) + 2 per
+    array (``isfinite``, and its ``all`` written into the array's slot) + 1 (``all`` of the
+    slots). No ``xp.stack``, which in CuPy would be a hidden host-to-device copy for more than
+    8 arrays (`gpuscalar.reduce.partials_into_slots`): it runs inside a captured step.
     """
     items = list(arrays)
     if not items:
         raise ValueError("all_finite() needs at least one array")
     backend = backend_of(items[0])
-    flags = []
     for i, a in enumerate(items):
         if backend is None or backend_of(a) is not backend:
             expected = "a NumPy or CuPy" if backend is None else f"a {backend.name}"
             raise TypeError(f"all_finite(): arrays[{i}] must be {expected} array, "
                             f"got {type(a).__name__}")
+    xp = backend.xp
+
+    def flags(a: Any) -> Any:
         # a 0-d array's flag is a NumPy bool on NumPy, not an array: reduce a 1-element view
-        flags.append(reduce.all(backend.call(backend.xp.isfinite,
-                                             a.reshape(1) if a.ndim == 0 else a)))
-    if len(flags) == 1:
-        return flags[0]
-    return reduce.all(backend.call(backend.xp.stack, [_array_of(f) for f in flags]))
+        return backend.call(xp.isfinite, a.reshape(1) if a.ndim == 0 else a)
+
+    if len(items) == 1:
+        return reduce.all(flags(items[0]))
+    slots = reduce.partials_into_slots(
+        backend, items, np.bool_, lambda a, out: backend.call(xp.all, flags(a), out=out)
+    )
+    return reduce.all(slots)
 
 
 # ---- multi-tensor optimizers ---------------------------------------------------------------
@@ -1058,7 +1084,7 @@ class Optimizer:
         chunk = self.chunk_size
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"{type(self).__name__}.chunk_size must be an int >= 1, got "
-                             f"{chunk!r}")
+                             f"{_describe(chunk)}")
         items = list(params) if not hasattr(params, "shape") else None
         if not items:
             raise TypeError(

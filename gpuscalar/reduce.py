@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
 from .backend import NUMPY, Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap
@@ -48,7 +49,19 @@ def _operand(x: Any, function: str) -> tuple[Backend, Any]:
             f"gpuscalar.{function}() takes a NumPy or CuPy array or a GPUScalar, got "
             f"{type(x).__name__}; convert lists with numpy.asarray/cupy.asarray first"
         )
+    if x.dtype.kind in _NOT_NUMERIC:
+        raise TypeError(
+            f"gpuscalar.{function}() cannot reduce an array of dtype {x.dtype}: a device "
+            "scalar holds a bool, integer, floating or complex value (CuPy has no datetime64, "
+            "timedelta64 or object arrays); convert first, e.g. x.astype(numpy.int64)"
+        )
     return backend, x
+
+
+#: dtype kinds no reduction takes: datetime64 (M), timedelta64 (m), object, strings, void. NumPy
+#: would sum timedelta64 or object arrays, but a GPUScalar cannot hold the result (and CuPy has
+#: no such arrays), so they are refused by name rather than failing deeper or turning into int64.
+_NOT_NUMERIC = frozenset("mMOSUV")
 
 
 def _result(backend: Backend, value: Any) -> Any:
@@ -108,11 +121,19 @@ def std(x: Any, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bo
 
 def count_nonzero(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """Number of non-zero elements; a 0-d result is an integer GPUScalar (NumPy returns a
-    Python int here, which on a GPU would be a sync)."""
+    Python int here, which on a GPU would be a sync).
+
+    CuPy's ``count_nonzero(a, axis=None)`` takes no ``keepdims``: the kept axes are restored
+    here by a reshape (a view, no device work)."""
     backend, array = _operand(x, "count_nonzero")
-    return _result(
-        backend, backend.call(backend.xp.count_nonzero, array, axis=axis, keepdims=keepdims)
-    )
+    counted = _result(backend, backend.call(backend.xp.count_nonzero, array, axis=axis))
+    if not keepdims:
+        return counted
+    axes = normalize_axis_tuple(range(array.ndim) if axis is None else axis, array.ndim)
+    kept = tuple(1 if i in axes else n for i, n in enumerate(array.shape))
+    if not kept:
+        return counted
+    return (_array_of(counted) if isinstance(counted, GPUScalar) else counted).reshape(kept)
 
 
 def norm(x: Any, ord: float = 2, axis: Any = None, keepdims: bool = False) -> Any:
@@ -176,7 +197,9 @@ def unbroadcast(grad: Any, shape: Sequence[int]) -> Any:
     try:
         target = tuple(int(n) for n in shape)
     except TypeError:
-        raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {shape!r}") from None
+        kind = f"a GPUScalar of dtype {shape.dtype}" if isinstance(shape, GPUScalar) else (
+            type(shape).__name__)  # (never the value of a GPUScalar: formatting it would sync)
+        raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {kind}") from None
     leading = array.ndim - len(target)
     if leading < 0 or builtins.any(
         n != 1 and n != array.shape[leading + i] for i, n in enumerate(target)
@@ -197,15 +220,63 @@ def unbroadcast(grad: Any, shape: Sequence[int]) -> Any:
     return _result(backend, array)
 
 
+def partials_into_slots(
+    backend: Backend, arrays: Sequence[Any], dtype: Any, partial: Any
+) -> Any:
+    """A fresh device vector of ``dtype`` whose slot ``i`` holds ``partial(arrays[i], out)``.
+
+    For per-array reductions combined afterwards (`gpuscalar.optim.all_finite`): each
+    reduction writes its result straight into a 0-d view of one preallocated vector (``out=``),
+    so nothing is gathered at all: 1 counted op for the vector (an allocation from CuPy's
+    pool, no kernel), then only ``partial``'s own ops. Never ``xp.stack`` (see
+    `stack_scalars`)."""
+    slots = backend.call(backend.xp.empty, (len(arrays),), dtype=dtype)
+    for i, array in enumerate(arrays):
+        partial(array, slots[i, ...])  # a 0-d view: the reduction's out, no extra launch
+    return slots
+
+
+#: CuPy 14's ``_concatenate`` (cupy/_core/_routines_manipulation.pyx) copies each input with its
+#: own kernel up to this many inputs; above it, inputs of one dtype (under 2 MiB each on average)
+#: are joined by one kernel reading a table of their pointers built on the host and copied to
+#: the device (``core.array(ptrs)``): a hidden host-to-device copy, refused while capturing.
+STACK_COPIES = 8
+
+
+def stack_scalars(backend: Backend, scalars: Sequence[Any], dtype: Any) -> Any:
+    """The 0-d device arrays ``scalars`` as one vector of ``dtype``, without a host copy.
+
+    ``xp.stack`` of them all would, in CuPy, upload a pointer table for more than
+    `STACK_COPIES` inputs (a hidden host-to-device copy every call, which a CUDA-graph capture
+    refuses). Up to `STACK_COPIES` this is one ``xp.stack`` (one counted op; CuPy copies each
+    input); above, a preallocated vector is filled `STACK_COPIES` inputs at a time with
+    ``xp.stack(chunk, out=slots[i:j])``: ``1 + ceil(n / 8)`` counted ops, device work only, the
+    same values as one stack (each input is copied, cast as ``stack`` casts)."""
+    xp = backend.xp
+    if len(scalars) <= STACK_COPIES:
+        return backend.call(xp.stack, list(scalars))
+    slots = backend.call(xp.empty, (len(scalars),), dtype=dtype)
+    for start in range(0, len(scalars), STACK_COPIES):
+        chunk = list(scalars[start:start + STACK_COPIES])
+        backend.call(xp.stack, chunk, out=slots[start:start + len(chunk)])
+    return slots
+
+
 def global_norm(arrays: Iterable[Any], ord: float = 2) -> GPUScalar:
     """One ``ord``-norm over many arrays together (gradient clipping), as a GPUScalar.
 
     Computed as the norm of the per-array norms, which equals the norm of all elements
-    concatenated for every ``ord`` (including ``inf``) without copying them together.
+    concatenated for every ``ord`` (including ``inf``) without copying them together. Device
+    ops: one array is ``norm(x, ord)`` (1); ``n`` arrays are ``n`` norms, their gathering into
+    one vector (`stack_scalars`: 1 op up to 8 arrays, ``1 + ceil(n / 8)`` above) and its norm
+    (1). Never a host-to-device copy (no ``xp.stack`` of more than 8 inputs), so it can run
+    inside a captured CUDA-graph step.
     """
     items = list(arrays)
     if not items:
         raise ValueError("global_norm() needs at least one array")
+    for a in items:
+        _operand(a, "global_norm")  # bad input named by this function, before any device work
     norms = [norm(a, ord=ord) for a in items]
     backend = norms[0].backend
     for other in norms[1:]:
@@ -216,7 +287,8 @@ def global_norm(arrays: Iterable[Any], ord: float = 2) -> GPUScalar:
             )
     if len(norms) == 1:
         return norms[0]
-    stacked = backend.call(backend.xp.stack, [_array_of(n) for n in norms])
+    dtype = np.result_type(*[n.dtype for n in norms])
+    stacked = stack_scalars(backend, [_array_of(n) for n in norms], dtype)
     if ord == math.inf:
         return _result(backend, backend.call(backend.xp.max, stacked))
     return _result(backend, backend.vector_norm(stacked, ord=ord, axis=None, keepdims=False))

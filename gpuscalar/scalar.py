@@ -18,18 +18,26 @@ Operators are generated from the tables below (thin dunders, the logic in `apply
 paths (`_call_fast`), and ``where`` and ``round`` have hot paths of their own: recording a node
 must cost far less than the ~10 us launch it saves. All internal access to the wrapped array goes
 through `_array_of`, which materializes a pending expression.
+
+Handed to CuPy, a GPUScalar goes through CuPy's own dispatch: CuPy's ufuncs and elementwise
+kernels call its ``__cupy_override_elementwise_kernel__`` (in-place operators with the output
+positional, ``where``/``clip``/``copyto``, user kernels); CuPy's array operators defer to its
+reflected operators (`_DeferToReflected`), so ``g * lr_expr`` is one launch. CuPy's
+``x.fill(s)`` reads ``s == 0`` back (a sync in CuPy itself); ``x[...] = s`` does not.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
+import threading
 from operator import index as operator_index
 from typing import Any
 
 import numpy as np
 
 from . import expr, fusion, promote, sync
-from .backend import NUMPY, Backend, backend_of, get_backend
+from .backend import CUPY, NUMPY, Backend, backend_of, get_backend
 
 __all__ = [
     "GPUScalar",
@@ -123,6 +131,9 @@ class GPUScalar:
     # _dtype, _device: always known (the device id on multi-device backends, else "cpu");
     # _used: whether a pending expression was already used (see expr.KEEP_NODES);
     # _host: unset until the first read.
+    # Threads may share a scalar (see `_materialize`): _array is published by one store before
+    # _node is dropped, so a reader that finds no node finds the array, and one that still
+    # finds the node computes the same value from it.
     __slots__ = ("_array", "_node", "_dtype", "_device", "_used", "_host")
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
     __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
@@ -226,6 +237,8 @@ class GPUScalar:
         return f"GPUScalar({value!r}, dtype={self.dtype}, device={self.device!r})"
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if _asks_dtype_only():  # cupy.full(shape, s): only the dtype is used, see there
+            return np.zeros((), self.dtype if dtype is None else dtype)
         value = self._host_value("__array__")
         return np.asarray(value, dtype=self.dtype if dtype is None else dtype)
 
@@ -260,6 +273,35 @@ class GPUScalar:
                 "not in CUDA memory); use DLPack (__dlpack__)"
             ) from None
 
+    # ---- numbers.Real / numbers.Complex members: device-valued, no sync --------------------
+    @property
+    def real(self) -> GPUScalar:
+        """The real part (the scalar itself for a real dtype), a GPUScalar; no sync."""
+        if self._dtype.kind != "c":
+            return self
+        backend = self._backend
+        return _wrap(backend, backend.call(backend.xp.real, _array_of(self)))
+
+    @property
+    def imag(self) -> GPUScalar:
+        """The imaginary part (zero of the scalar's dtype for a real dtype, as ``np.imag``),
+        a GPUScalar; no sync."""
+        backend = self._backend
+        if self._dtype.kind != "c":
+            return _wrap(backend, _make_array(backend, 0, self._dtype, self._device))
+        return _wrap(backend, backend.call(backend.xp.imag, _array_of(self)))
+
+    def clip(self, min: Any = None, max: Any = None, out: Any = None) -> Any:  # noqa: A002
+        """``np.clip(s, lo, hi)`` and ``cupy.clip(s, lo, hi)`` (which call this method): as
+        `gpuscalar.clip` (a GPUScalar; an array where a bound is one), no sync."""
+        return clip_call(self, min, max, out=out)
+
+    def conjugate(self) -> GPUScalar:
+        """The complex conjugate (the scalar itself for a real dtype), a GPUScalar; no sync."""
+        if self._dtype.kind != "c":
+            return self
+        return apply_ufunc("conjugate", self)
+
     # ---- device operations ---------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if not kwargs and method == "__call__":  # np.minimum(s, t), np.sin(s): the hot path
@@ -268,20 +310,36 @@ class GPUScalar:
                 return result
         if method != "__call__":
             return NotImplemented
+        if ufunc.__name__ == "clip" and getattr(np, "clip", None) is not ufunc:
+            return clip_call(*inputs, **kwargs)  # np.clip / x.clip: no NumPy ufunc by name
         return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
 
     def __cupy_override_elementwise_kernel__(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        """CuPy's hook for ``cupy.sqrt(s)`` and user ``ElementwiseKernel`` calls.
+        """CuPy's hook for ``cupy.sqrt(s)``, ``x += s``, ``cupy.where``/``clip``/``copyto``
+        and user ``ElementwiseKernel`` calls.
 
-        A CuPy ufunc goes through the promotion rules like a NumPy ufunc; any other elementwise
-        kernel receives each GPUScalar as its 0-d device array, which the kernel reads on the
-        device — no sync.
+        A CuPy ufunc that is a NumPy ufunc goes through the promotion rules like a NumPy ufunc;
+        its outputs may come positionally (CuPy's in-place operators call ``_add(x, s, x)``),
+        and are then ``out=``, with NumPy's ``same_kind`` check. ``where`` and ``clip`` keep
+        the parity rule (`_route_cupy_kernel`); any other elementwise kernel (``copyto``'s
+        copy, ``fill``, a user kernel) receives each GPUScalar as its 0-d device array, which
+        the kernel reads on the device: no sync.
         """
         ufunc_name = self._backend.elementwise_ufunc_name(kernel)
-        if ufunc_name is not None:
+        if ufunc_name is not None and isinstance(getattr(np, ufunc_name, None), np.ufunc):
+            nin = kernel.nin
+            if len(args) > nin:  # outputs passed positionally: out=
+                if kwargs.get("out") is not None:
+                    raise TypeError(f"{kernel.name}() got outputs both positionally and as out=")
+                outputs = args[nin:]
+                args = args[:nin]
+                kwargs["out"] = outputs[0] if len(outputs) == 1 else outputs
+            out = kwargs.get("out")
+            if any(type(o) in _SCALAR_CLASSES for o in (out if type(out) is tuple else (out,))):
+                raise TypeError(f"GPUScalars are immutable: one cannot be the output of "
+                                f"{kernel.name}")
             return apply_ufunc(ufunc_name, *args, **kwargs)
-        arrays = [_array_of(a) if type(a) in _SCALAR_CLASSES else a for a in args]
-        return self._backend.call(kernel, *arrays, **kwargs)
+        return _route_cupy_kernel(self._backend, kernel, ufunc_name, args, kwargs)
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
         decimals = 0 if ndigits is None else operator_index(ndigits)
@@ -338,17 +396,48 @@ numbers.Real.register(_RealGPUScalar)
 _SCALAR_CLASSES: set[type] = set()
 
 
+class _DeferToReflected:
+    """``__array_ufunc__`` of CuPy GPUScalars: the method, seen from the class; None, seen
+    from an instance.
+
+    Why: ``g * s`` with a CuPy array ``g`` on the left runs ``cupy.ndarray.__mul__``, which
+    (core.pyx ``_should_use_rop``, CuPy 14) reads ``s.__array_ufunc__`` from the *instance*
+    and returns NotImplemented when it is None, so Python calls ``s.__rmul__(g)``: gpuscalar's
+    own rules, a pending ``s`` folded into the one kernel. Otherwise CuPy calls
+    ``numpy.multiply(g, s)``, whose CuPy handler probes ``s.__cuda_array_interface__``, which
+    evaluates a pending scalar in a launch of its own. NumPy looks ``__array_ufunc__`` up on
+    the *type*, so ``np.sqrt(s)`` and ``np.add(x, s)`` still reach the method.
+    """
+
+    __slots__ = ("method",)
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self.method if instance is None else None
+
+
 def _classes_for(backend: Backend) -> dict[str, type]:
     """The concrete classes for ``backend``, by dtype kind.
 
     Each backend gets its own pair of classes with the backend as a class attribute, so that
     ``type(a) is type(b)`` is the whole "same backend, both real" test on the fast path, and
-    its dunders can be generated with that backend's ufuncs already bound.
+    its dunders can be generated with that backend's ufuncs already bound. Made under a lock
+    (once per backend, first use only): threads that start together must share one pair.
     """
     classes = backend.__dict__.get("_scalar_classes")
-    if classes is None:
-        real = type("GPUScalar", (_RealGPUScalar,), {"__slots__": (), "_backend": backend})
-        complex_ = type("GPUScalar", (GPUScalar,), {"__slots__": (), "_backend": backend})
+    if classes is not None:
+        return classes
+    with _CLASSES_LOCK:
+        classes = backend.__dict__.get("_scalar_classes")
+        if classes is not None:
+            return classes
+        namespace: dict[str, Any] = {"__slots__": (), "_backend": backend}
+        if backend is CUPY:
+            namespace["__array_ufunc__"] = _DeferToReflected(GPUScalar.__array_ufunc__)
+        real = type("GPUScalar", (_RealGPUScalar,), dict(namespace))
+        complex_ = type("GPUScalar", (GPUScalar,), dict(namespace))
         real.__module__ = complex_.__module__ = __name__
         _install_fast_operators(real, backend)
         _SCALAR_CLASSES.update((real, complex_))
@@ -356,6 +445,9 @@ def _classes_for(backend: Backend) -> dict[str, type]:
         classes["c"] = complex_
         backend._scalar_classes = classes  # type: ignore[attr-defined]
     return classes
+
+
+_CLASSES_LOCK = threading.Lock()
 
 
 def _wrap(backend: Backend, result: Any) -> GPUScalar:
@@ -399,10 +491,23 @@ def _child(scalar: GPUScalar) -> Any:
 
 
 def _materialize(scalar: GPUScalar) -> Any:
-    """Evaluate a pending GPUScalar (one device op); it keeps the array and drops the node."""
-    array = fusion.materialize(scalar._backend, scalar._node, scalar._device)
-    scalar._array = array
-    scalar._node = None
+    """Evaluate a pending GPUScalar (one device op); it keeps the array and drops the node.
+
+    Safe for a scalar shared by threads, like a float: the node is read once (if another thread
+    materialized the scalar since the caller looked, its array is returned), and the array is
+    published by one store of an immutable value before the node is dropped, so no reader sees
+    neither. Threads that evaluate it together each launch once (the same bits); the first
+    published array is kept. Single-threaded: exactly one device op, as before.
+    """
+    node = scalar._node
+    if node is None:  # materialized meanwhile by another thread
+        return scalar._array
+    array = fusion.materialize(scalar._backend, node, scalar._device)
+    published = scalar._array
+    if published is not None:  # another thread's evaluation of the same node won
+        return published
+    scalar._array = array  # the publication: one store
+    scalar._node = None  # then drop the tree (memory only)
     return array
 
 
@@ -417,6 +522,27 @@ def _array_of(scalar: GPUScalar) -> Any:
     if array is None:
         array = _materialize(scalar)
     return array
+
+
+#: code objects of CuPy functions that convert a fill value with ``numpy.array(value)`` only to
+#: learn its dtype (made on first use; empty without CuPy)
+_DTYPE_ONLY_CALLERS: list[Any] = []
+
+
+def _asks_dtype_only() -> bool:
+    """Whether ``__array__`` was called by CuPy's ``full(shape, s)`` (no ``dtype=``), which
+    calls ``numpy.array(fill_value).dtype`` and then copies the value with ``copyto`` (a kernel
+    that reads the GPUScalar's 0-d device array, no sync). Answering with a 0-d array of the
+    right dtype but no value spares a host read whose value CuPy throws away. CuPy 14's
+    ``full`` is Python, so its frame is the caller of the C ``numpy.array``."""
+    if not _DTYPE_ONLY_CALLERS:
+        cupy = sys.modules.get("cupy")
+        full = getattr(getattr(getattr(cupy, "_creation", None), "basic", None), "full", None)
+        if full is None:
+            return False
+        _DTYPE_ONLY_CALLERS.append(full.__code__)
+    caller = sys._getframe(1).f_back  # (None when __array__ was called from C at the top)
+    return caller is not None and caller.f_code in _DTYPE_ONLY_CALLERS
 
 
 def _unpickle(backend_name: str, dtype: str, value: Any) -> GPUScalar:
@@ -678,8 +804,8 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
         if type(op) in _SCALAR_CLASSES:
             if op._backend is not backend:
                 op = op._host_value("host operand")  # rule 4: a device value meets a host array
-            elif op._node is not None:
-                pending[position] = op
+            elif (node := op._node) is not None:  # read once: another thread may materialize op
+                pending[position] = (op, node)
         args.append(op._array if type(op) in _SCALAR_CLASSES else op)
         stand_ins.append(_stand_in(op))
     out = kwargs.get("out")
@@ -710,15 +836,17 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
 
 
 def _fused(backend: Backend, name: str, args: list[Any], kwargs: dict[str, Any],
-           pending: dict[int, GPUScalar]) -> Any:
-    """An array ufunc computing its pending GPUScalar operands in its own kernel; one larger
-    than `expr.KEEP_NODES` is stored by that kernel too (it is kept: no launch of its own)."""
-    keep = frozenset(p for p, scalar in pending.items() if scalar._node[1] > expr.KEEP_NODES)
+           pending: dict[int, tuple[GPUScalar, tuple]]) -> Any:
+    """An array ufunc computing its pending GPUScalar operands (``position -> (scalar, its
+    node as read once)``) in its own kernel; one larger than `expr.KEEP_NODES` is stored by
+    that kernel too (it is kept: no launch of its own), published as `_materialize` does."""
+    keep = frozenset(p for p, (_, node) in pending.items() if node[1] > expr.KEEP_NODES)
     result, kept = fusion.fused_ufunc(
-        backend, name, args, kwargs, {p: scalar._node for p, scalar in pending.items()}, keep)
-    for position, scalar in pending.items():
+        backend, name, args, kwargs, {p: node for p, (_, node) in pending.items()}, keep)
+    for position, (scalar, _) in pending.items():
         if position in kept:
-            scalar._array, scalar._node = kept[position], None
+            if scalar._array is None:  # else another thread published it first
+                scalar._array, scalar._node = kept[position], None
         else:
             scalar._used = True
     return result
@@ -1282,17 +1410,75 @@ def where(condition: Any, x: Any, y: Any) -> Any:
         return _wrap(backend, backend.call(backend.xp.where, *args))
     # Parity: the result dtype is what where() gives with the scalars' Python values.
     result_dtype = promote.result_dtype([_stand_in(x), _stand_in(y)])
+    args = _parity_arrays(backend, operands, result_dtype, keep=condition)
+    return backend.call(backend.xp.where, *args)
+
+
+def _parity_arrays(backend: Backend, operands: tuple[Any, ...], result_dtype: np.dtype,
+                   keep: Any = None) -> list[Any]:
+    """The operands of an array operation (``where``, ``clip``) as the backend takes them, each
+    GPUScalar (but ``keep``) as a 0-d array of ``result_dtype``, the dtype that operation gives
+    with the scalars' Python values (the parity rule; a cast is one op); a device scalar
+    meeting a host array is read (rule 4)."""
     args = []
     for op in operands:
         if type(op) in _SCALAR_CLASSES:
             if op._backend is not backend:
                 op = op._host_value("host operand")
-            elif op is not condition and op.dtype != result_dtype:
+            elif op is not keep and op.dtype != result_dtype:
                 op = backend.call(_array_of(op).astype, result_dtype)
             else:
                 op = _array_of(op)
         args.append(op)
-    return backend.call(backend.xp.where, *args)
+    return args
+
+
+def clip_call(x: Any, lower: Any, upper: Any, out: Any = None, **kwargs: Any) -> Any:
+    """``np.clip`` / ``cupy.clip`` / ``x.clip`` with a GPUScalar bound or operand (clip is no
+    NumPy ufunc by name, so the promotion rules are applied here): scalars only give a
+    GPUScalar (`clip`); with an array, the array's clip with the parity dtype."""
+    operands = (x, lower, upper)
+    given = tuple(op for op in operands if op is not None)  # None: no bound on that side
+    if len(given) < 2:
+        raise TypeError("clip() needs at least one of its bounds (min, max), got None for both")
+    found = _common_backend(given)
+    if found is None:
+        return NotImplemented
+    backend, has_array = found
+    if isinstance(out, tuple):
+        out = out[0] if len(out) == 1 else out
+    if not has_array:
+        if out is not None or kwargs:
+            raise TypeError("clip() of GPUScalars takes no out= or other keywords (GPUScalars "
+                            f"are immutable), got {sorted(kwargs) + ['out'] * (out is not None)}")
+        if lower is None:
+            return minimum(x, upper)
+        return maximum(x, lower) if upper is None else clip(x, lower, upper)
+    result_dtype = promote.result_dtype([_stand_in(op) for op in given])
+    args = _parity_arrays(backend, operands, result_dtype)
+    if out is not None:
+        kwargs["out"] = out
+    return backend.call(backend.xp.clip, *args, **kwargs)
+
+
+def _route_cupy_kernel(backend: Backend, kernel: Any, name: str | None, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+    """A CuPy elementwise kernel that is no NumPy ufunc, called with a GPUScalar: ``where``
+    and ``clip`` by what they mean (parity dtype); anything else (``copyto``'s ``cupy_copy``,
+    a user ``ElementwiseKernel``) gets each GPUScalar as its 0-d device array. An output (an
+    argument past ``kernel.nin``) that is a GPUScalar is refused: GPUScalars are immutable."""
+    nin = getattr(kernel, "nin", len(args))
+    if any(type(a) in _SCALAR_CLASSES for a in (*args[nin:], kwargs.get("out"))):
+        raise TypeError(f"GPUScalars are immutable: one cannot be the output of {name or kernel}")
+    if name == "where" and len(args) == 3 and not kwargs:
+        return where(*args)
+    if name == "clip" and len(args) in (3, 4):
+        return clip_call(*args, **kwargs)
+    if name == "copy" and len(args) == 2 and not kwargs:  # copyto(x, s), full, x[...] = s
+        source, target = args  # CuPy checked the casting rule already (on the dtypes)
+        return backend.call(backend.xp.copyto, target, _array_of(source), casting="unsafe")
+    arrays = [_array_of(a) if type(a) in _SCALAR_CLASSES else a for a in args]
+    return backend.call(kernel, *arrays, **kwargs)
 
 
 #: operand kinds (see `_LAZY_LOOPS`) -> (the result dtype, the where op, each operand's key as a

@@ -20,15 +20,19 @@ where it matters:
 - every array-library call (ufunc, reduction, namespace function, copy, non-view indexing,
   assignment) is one device op in ``count_syncs().device_ops``, as a kernel launch would be;
   calls nested inside one (NumPy's implementation calling NumPy) are not counted again;
+- CuPy's rules for a GPUScalar handed to CuPy: ``x.fill(s)`` (and a 0-d array) is a declared
+  sync (CuPy reads ``s == 0`` back), ``clip`` and ``where`` with a GPUScalar operand follow the
+  GPUScalar's promotion rules (CuPy's kernels call its hook);
 - assigning a host array through a plain index (``x[...] = host``) is CuPy's ``ValueError``
   (CuPy fills from scalars only); upload with ``x.set(host)`` or ``xp.asarray(host)``;
 - inside a captured step's body (`gpuscalar.sync.in_graph_body`), what CuPy refuses while its
   stream captures (CuPy 14's source): a host-to-device copy (``xp.asarray``/``xp.array`` of host
-  data of 1 or more dimensions, ``x.set(host)``, assignment through host index arrays) is a
-  ``RuntimeError`` with CuPy's words, `H2D_CAPTURE_MESSAGE`; a matrix product of floating
-  arrays (``@``, ``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``: cuBLAS in CuPy) is
-  CuPy's ``NotImplementedError``, `CUBLAS_CAPTURE_MESSAGE`. A 0-d array made from a Python
-  number is allowed there, as in CuPy (a fill kernel with the value as its argument).
+  data of 1 or more dimensions, ``x.set(host)``, assignment through host index arrays, a
+  ``stack``/``concatenate`` of more than 8 inputs that CuPy joins through a host-built table of
+  pointers) is a ``RuntimeError`` with CuPy's words, `H2D_CAPTURE_MESSAGE`; a matrix product of
+  floating arrays (``@``, ``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``: cuBLAS in
+  CuPy) is CuPy's ``NotImplementedError``, `CUBLAS_CAPTURE_MESSAGE`. A 0-d array made from a
+  Python number is allowed there, as in CuPy (a fill kernel with the value as its argument).
 
 One implementation serves three purposes: the tests (the ``xp`` fixture runs every
 backend-parametrized test on it), promotion rules 4 and 5 (several devices), and the counts of
@@ -178,6 +182,8 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     raw_kwargs = operands.unwrap(kwargs)
     if function in _CUBLAS_PRODUCTS:
         _refuse_cublas_in_graph_body(raw_args)
+    elif function in _JOINS:
+        _refuse_pointer_table_in_graph_body(raw_args, raw_kwargs)
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
@@ -213,6 +219,41 @@ def _refuse_cublas_in_graph_body(raw_args: tuple) -> None:
         np.result_type(*arrays).kind in "fc"
     ):
         raise NotImplementedError(CUBLAS_CAPTURE_MESSAGE)
+
+
+#: NumPy's joining functions: each is ``cupy.concatenate`` in CuPy (``stack`` and the
+#: ``*stack`` helpers add an axis or reshape first, then concatenate).
+_JOINS = frozenset({np.concatenate, np.stack, np.hstack, np.vstack, np.dstack, np.column_stack})
+#: CuPy 14's ``_concatenate`` (cupy/_core/_routines_manipulation.pyx) joins more than this many
+#: inputs of the result's dtype, averaging under `_POINTER_TABLE_BYTES` each, in one kernel that
+#: reads a table of their pointers, built on the host and copied with ``core.array(ptrs)``.
+_POINTER_TABLE_MAX_COPIES = 8
+_POINTER_TABLE_BYTES = 2 * 1024 * 1024
+
+
+def _refuse_pointer_table_in_graph_body(raw_args: tuple, raw_kwargs: dict) -> None:
+    """A join CuPy does through its host-built pointer table: a host-to-device copy, refused in
+    a captured step's body with CuPy's words (outside a body it is allowed, as in CuPy). Joins
+    of 8 inputs or fewer, of mixed dtypes, or of large inputs are one copy kernel per input in
+    CuPy: device work only."""
+    if not sync.in_graph_body():
+        return
+    arrays = raw_args[0] if raw_args else raw_kwargs.get("arrays", raw_kwargs.get("tup", ()))
+    arrays = [a for a in arrays if type(a) is np.ndarray]
+    if len(arrays) <= _POINTER_TABLE_MAX_COPIES:
+        return
+    out = raw_kwargs.get("out", raw_args[2] if len(raw_args) > 2 else None)
+    dtype = raw_kwargs.get("dtype")
+    if out is not None:
+        target = out.dtype
+    elif dtype is not None:
+        target = np.dtype(dtype)
+    else:
+        target = np.result_type(*arrays)
+    if all(a.dtype == target for a in arrays) and (
+        sum(a.size for a in arrays) * target.itemsize < _POINTER_TABLE_BYTES * len(arrays)
+    ):
+        raise RuntimeError(H2D_CAPTURE_MESSAGE)
 
 
 def _device_index(key: Any) -> Any:
@@ -385,6 +426,9 @@ class StrictArray(NDArrayOperatorsMixin):
         for kind in types:
             if kind is not StrictArray and kind is not np.ndarray:
                 return NotImplemented
+        routed = _gpuscalar_route(getattr(func, "__name__", ""), args, kwargs)
+        if routed is not None:
+            return routed(*args, **kwargs)
         return _call(func, args, kwargs, count=func not in _METADATA_FUNCTIONS)
 
     def __getitem__(self, key: Any) -> Any:
@@ -427,6 +471,22 @@ class StrictArray(NDArrayOperatorsMixin):
         with _DeviceWork():
             np.copyto(self._data, arr)
 
+    def fill(self, value: Any) -> None:
+        """``ndarray.fill``: one device op. With a device value (a 0-d array, a GPUScalar),
+        CuPy 14 also compares ``value == 0`` and reads the answer back to choose a memset (a
+        sync, declared as CuPy's); ``x[...] = value`` and ``xp.copyto(x, value)`` do not."""
+        if type(value) is StrictArray or getattr(value, "_backend", None) is STRICT:
+            _declare_sync()
+        _call(np.ndarray.fill, (self, value), {})
+
+    def clip(self, *args: Any, **kwargs: Any) -> Any:
+        """``ndarray.clip``: one device op; with a GPUScalar bound, the GPUScalar's rules (the
+        bound acts as the Python scalar it replaces), as CuPy's clip kernel hands it over."""
+        routed = _gpuscalar_route("clip", args, kwargs)
+        if routed is not None:
+            return routed(self, *args, **kwargs)
+        return _call(np.ndarray.clip, (self, *args), kwargs)
+
     def nonzero(self) -> tuple[StrictArray, ...]:
         _declare_sync()  # the result's size is read back, as in CuPy
         return _call(np.ndarray.nonzero, (self,), {})
@@ -434,7 +494,7 @@ class StrictArray(NDArrayOperatorsMixin):
 
 #: Methods that run device work (a reduction, a copy, a sort): one device op each.
 _COUNTED_METHODS = ("sum", "mean", "prod", "max", "min", "any", "all", "var", "std", "argmax",
-                    "argmin", "cumsum", "cumprod", "clip", "dot", "copy", "astype", "fill",
+                    "argmin", "cumsum", "cumprod", "dot", "copy", "astype",
                     "round", "conj", "flatten", "repeat", "take", "trace", "ptp", "sort",
                     "argsort")
 #: Methods that make views: no device work.
@@ -461,6 +521,19 @@ _METADATA_FUNCTIONS = frozenset({
 #: Namespace functions whose result size depends on data: CuPy reads a count back (a sync).
 _SYNCING_FUNCTIONS = frozenset({"nonzero", "argwhere", "flatnonzero", "unique", "extract",
                                 "compress"})
+
+def _gpuscalar_route(name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+    """GPUScalar's own function for ``clip`` or ``where`` called with a GPUScalar operand (else
+    None). CuPy implements both as elementwise kernels that hand a GPUScalar operand to its
+    ``__cupy_override_elementwise_kernel__`` hook, which applies the promotion rules (the
+    scalar acts as the Python number it replaces); NumPy would unwrap it as a strong 0-d array."""
+    if name not in ("clip", "where") or not any(
+            getattr(a, "_backend", None) is STRICT for a in (*args, *kwargs.values())):
+        return None
+    from . import scalar  # noqa: PLC0415 - scalar imports the backends; only on this path
+
+    return scalar.clip_call if name == "clip" else scalar.where
+
 
 # ---- the namespace (``xp``) ------------------------------------------------------------------
 
@@ -524,6 +597,9 @@ def _namespace_function(name: str, function: Callable[..., Any]) -> Callable[...
     def strict_function(*args: Any, device: int | None = None, **kwargs: Any) -> Any:
         if syncs:
             _declare_sync()
+        routed = _gpuscalar_route(name, args, kwargs)
+        if routed is not None:
+            return routed(*args, **kwargs)
         if device is None:
             return _call(function, args, kwargs)
         token = _current_device.set(_checked_device_id(device))

@@ -108,9 +108,14 @@ def _rng(params: Params) -> np.random.Generator:
 def _captured(step: Callable[[], Any], state: list[Any], steps: int = 1) -> CapturedStep:
     """``gs.capture(step, warmup=1, steps=steps)`` with its warm-up run undone: the ``state``
     arrays the step updates in place are restored from copies taken before (device copies, no
-    sync), so the capture path computes exactly the steps the other paths compute."""
+    sync), so the capture path computes exactly the steps the other paths compute.
+
+    The state arrays are passed to `capture` (and ignored by the step) so that the step is
+    placed on their backend and device: ``step`` reaches its arrays only through other
+    functions, which capture cannot see, and would otherwise be placed on the default backend
+    (CuPy wherever a GPU is present, even for a NumPy or strict-device run)."""
     saved = [array.copy() for array in state]
-    captured = capture(step, warmup=1, steps=steps)
+    captured = capture(lambda *arrays: step(), *state, warmup=1, steps=steps)
     for array, value in zip(state, saved, strict=True):
         array[...] = value
     return captured

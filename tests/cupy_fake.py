@@ -41,11 +41,23 @@ def cupy_or_fail() -> Any:
     return cupy
 
 
+def refuse_on_a_gpu() -> None:
+    """Skip where a CUDA device is present: there CuPy would launch real kernels on these host
+    addresses (an illegal access that can take the GPU context down), and the real CuPy tests
+    (the ``cupy`` backend parameter) run instead. CI has no GPU, so there this never skips."""
+    import gpuscalar as gs
+
+    if gs.gpu_available():
+        pytest.skip("a CUDA device is present: fake device memory is for machines without one "
+                    "(the real CuPy tests run here instead)")
+
+
 class FakeMemory:
     """Host buffers standing for device memory: each allocation is a NumPy ``uint8`` buffer
     whose address is handed to CuPy as a device pointer on device 0."""
 
     def __init__(self) -> None:
+        refuse_on_a_gpu()
         self._buffers: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 

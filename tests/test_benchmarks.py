@@ -201,3 +201,15 @@ def test_overhead_script_asked_for_cupy_without_a_gpu_exits_2(monkeypatch, capsy
     assert overhead.main(["--backend", "cupy"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "needs CuPy and a CUDA device" in captured.err
+
+
+def test_fold_overhead_measures_every_row_with_one_launch_per_fold():
+    """bench/fold_overhead.py runs CuPy's real dispatch over fake memory: every row must time
+    (a row that CuPy refuses, or that launches more than expected, prints a reason instead)."""
+    from bench import fold_overhead
+
+    from .cupy_fake import refuse_on_a_gpu
+
+    refuse_on_a_gpu()
+    results = fold_overhead.measure(number=1, repeat=1)
+    assert results and all(isinstance(value, float) for value in results.values()), results

@@ -270,7 +270,7 @@ def test_missing_cupy_internals_make_fusion_unsupported(monkeypatch):
     sine = expr.get_op("ufunc", "sin", (F64,), (F64,))
     with pytest.raises(codegen.FusionUnsupported, match="_ops"):
         codegen.cupy_op(sine)
-    monkeypatch.setattr(fusion, "_KERNELS", {})
+    monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
     assert fusion._cached_kernel(("materialize", 0), lambda: codegen.materialize_spec(
         gs.sin(gs.asscalar(1.0) * 2)._node)) is None  # None: evaluated eagerly
 
@@ -285,7 +285,7 @@ def test_missing_cupy_internals_make_array_operations_eager(monkeypatch):
     assert fusion.eager_cupy_op(fake, (F32, F32), (False, False), None) is None
     assert fusion.eager_cupy_op(fake, (), (), F32) is None
     monkeypatch.setattr(cupy, "add", fake)
-    monkeypatch.setattr(fusion, "_PINNED", {})
+    monkeypatch.setattr(fusion, "_PINNED", fusion.BoundedCache())
     assert fusion.dtype_pins_loop("add", F32) is False  # CuPy's own promotion, no dtype=
     monkeypatch.delattr(_scalar, "numpy_dtype_from_pyscalar")
     assert fusion._fused_on_cupy(CUPY, "multiply", [], {}, {}, frozenset()) is NotImplemented

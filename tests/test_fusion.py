@@ -231,3 +231,209 @@ def test_an_empty_array_operation_keeps_no_scalar(xp):
     lr = _large_pending(full)
     lr * full
     assert lr.is_materialized  # a non-empty operation stores it (no launch of its own)
+
+
+# ---- the dispatch plan and the bounded caches (issue 15) -----------------------------------------
+
+
+@pytest.fixture
+def bounded_to():
+    """Sets the caches' bound for one test and restores it (and the caches' contents stay
+    valid: entries are only ever evicted)."""
+    from gpuscalar import fusion
+
+    previous = fusion.cache_size()
+    yield fusion.set_cache_size
+    fusion.set_cache_size(previous)
+
+
+def test_a_bounded_cache_keeps_the_most_recently_used_entries(bounded_to):
+    from gpuscalar import fusion
+
+    bounded_to(3)
+    cache, built = fusion.BoundedCache(), []
+
+    def make(key):
+        built.append(key)
+        return [key]  # a new object each build: a rebuild is visible
+
+    first = cache.get("a", make, "a")
+    for key in "bc":
+        cache.get(key, make, key)
+    assert cache.get("a", make, "a") is first  # a hit builds nothing, and refreshes "a"
+    cache.get("d", make, "d")  # evicts "b", the least recently used
+    assert len(cache) == 3 and "b" not in cache and "a" in cache
+    assert built == ["a", "b", "c", "d"]
+    assert cache.get("b", make, "b") == ["b"] and built[-1] == "b"  # eviction: a rebuild
+    bounded_to(1)  # shrinking evicts at once
+    assert len(cache) == 1 and "b" in cache
+    for bad, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError), ("8", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match="set_cache_size"):
+            bounded_to(bad)
+    assert len(cache) == 1  # a refused bound changes nothing
+
+
+def test_threads_meeting_a_key_together_build_it_once():
+    """The miss path holds the cache's lock: threads that all miss the same key while it is
+    being built wait for it and get the same object (a compiled kernel is built once)."""
+    import threading
+
+    from gpuscalar import fusion
+
+    cache, threads, built = fusion.BoundedCache(), 8, []
+    arrived = threading.Semaphore(0)
+    results = [None] * threads
+
+    def make():
+        for _ in range(threads - 1):  # every other thread is inside get() or about to be
+            arrived.acquire()
+        built.append(object())
+        return built[-1]
+
+    def use(i):
+        if i:
+            arrived.release()
+        results[i] = cache.get("key", make)
+
+    first = threading.Thread(target=use, args=(0,))
+    first.start()
+    others = [threading.Thread(target=use, args=(i,)) for i in range(1, threads)]
+    for thread in others:
+        thread.start()
+    for thread in (first, *others):
+        thread.join()
+    assert len(built) == 1 and all(result is built[0] for result in results)
+
+
+def _fold_on_fake_cupy(run):
+    """Run ``run(memory)`` with gpuscalar's launches recorded over fake CuPy memory; return
+    the recorded ElementwiseKernel launches."""
+    from .cupy_fake import fake_memory
+    from .cupy_seam import recording
+
+    with fake_memory() as memory, recording(memory, check=False) as seam:
+        run(memory)
+    return [launch for launch in seam.launches if launch.kind == "elementwise"]
+
+
+def test_a_repeated_fold_on_cupy_reuses_one_plan_and_one_kernel():
+    """``lr_expr * g`` with the same structure every step: the first fold decides the plan
+    (CuPy's routine, the kernel); the next ones only look it up. Each is one launch, the same
+    kernel with the step's own leaves."""
+    from gpuscalar import fusion
+
+    from .cupy_fake import from_host
+
+    def run(memory):
+        g = from_host(memory, np.arange(4.0, dtype=np.float32))
+        w = from_host(memory, np.ones(4, dtype=np.float32))
+        for step in range(3):
+            lr = gs.GPUScalar(from_host(memory, np.float64(0.1 * (step + 1))))
+            pending = lr * 0.5 + 1e-3
+            if step == 1:
+                plans, kernels = len(fusion._PLANS), fusion.kernel_count()
+            with gs.count_syncs() as counter:
+                pending * g
+                np.multiply(pending, g, out=w)
+            assert counter.device_ops == 2 and not pending.is_materialized
+            leaves.append(pending._node)
+        assert (len(fusion._PLANS), fusion.kernel_count()) == (plans, kernels)
+
+    leaves = []
+    launches = _fold_on_fake_cupy(run)
+    assert len(launches) == 6
+    # one kernel: ``out=`` of the dtype the fold would make is another plan, the same kernel
+    assert len({id(launch.func) for launch in launches}) == 1
+    for launch, node in zip(launches[::2], leaves, strict=True):
+        assert launch.args[0] is node[3][3]  # this step's own lr leaf
+
+
+def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
+    """Operand dtypes, the output's dtype and the operation each decide CuPy's routine and the
+    kernel: with every plan cached (folds in any order, twice), each fold launches the kernel
+    a fold of its own, with empty caches, would build."""
+    from gpuscalar import fusion
+
+    from .cupy_fake import from_host
+
+    folds = [
+        lambda a: a["e"] * a["g32"],
+        lambda a: a["e"] * a["g64"],
+        lambda a: a["e"] * a["gi64"],
+        lambda a: a["gi64"] * a["e"],
+        lambda a: np.multiply(a["e"], a["g32"], out=a["o64"]),
+        lambda a: np.multiply(a["e"], a["g64"], out=a["o32"], casting="unsafe"),
+        lambda a: a["g32"] < a["e"],
+        lambda a: a["k"] * a["g32"],
+        lambda a: a["k"] + a["gi64"],
+    ]
+
+    def sources(which):
+        def run(memory):
+            lr = gs.GPUScalar(from_host(memory, np.float64(0.5)))
+            step = gs.GPUScalar(from_host(memory, np.int64(3)))
+            arrays = {"e": lr * 2.0 + 1.0, "k": step * 2,
+                      "g32": from_host(memory, np.arange(3, dtype=np.float32)),
+                      "g64": from_host(memory, np.arange(3, dtype=np.float64)),
+                      "gi64": from_host(memory, np.arange(3, dtype=np.int64)),
+                      "o32": from_host(memory, np.zeros(3, dtype=np.float32)),
+                      "o64": from_host(memory, np.zeros(3, dtype=np.float64))}
+            for index in which:
+                folds[index](arrays)
+
+        return [(launch.source, launch.func.in_params, launch.func.out_params)
+                for launch in _fold_on_fake_cupy(run)]
+
+    order = list(range(len(folds)))
+    warm = sources(order + order[::-1])
+    alone = []
+    for index in order:
+        monkeypatch.setattr(fusion, "_PLANS", fusion.BoundedCache())
+        monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
+        alone += sources([index])
+    assert warm == alone + alone[::-1]
+    assert len(set(alone)) >= 7  # the folds do need different kernels
+
+
+def test_an_evicted_plan_costs_only_a_rebuild_of_the_same_kernel(bounded_to):
+    """With room for one entry, alternating two folds evicts each plan and kernel in turn: every
+    fold is still one launch, of a kernel with the same generated source as before."""
+    from gpuscalar import fusion
+
+    from .cupy_fake import from_host
+
+    bounded_to(1)
+
+    def run(memory):
+        g32 = from_host(memory, np.arange(3, dtype=np.float32))
+        g64 = from_host(memory, np.arange(3, dtype=np.float64))
+        lr = gs.GPUScalar(from_host(memory, np.float64(0.5)))
+        for _ in range(2):
+            with gs.count_syncs() as counter:
+                (lr + 1.0) * g32
+                (lr + 1.0) * g64
+            assert counter.device_ops == 2
+            assert len(fusion._PLANS) == len(fusion._KERNELS) == 1  # the bound holds
+
+    launches = _fold_on_fake_cupy(run)
+    assert len(launches) == 4
+    assert launches[0].func is not launches[2].func  # rebuilt, not kept
+    assert [launch.source for launch in launches[:2]] == [launch.source for launch in launches[2:]]
+    assert launches[0].source != launches[1].source
+
+
+def test_an_output_overlapping_an_input_is_checked_on_every_fold():
+    """Overlap depends on the call's arrays, not on the plan: an output that is exactly an input
+    folds (one kernel), one that partly overlaps it is evaluated as CuPy's ufunc would be
+    (the scalar first, then CuPy's own call, which copies the input), each time."""
+    from .cupy_fake import fake_memory, from_host
+    from .cupy_seam import recording
+
+    with fake_memory() as memory, recording(memory, check=False) as seam:
+        w = from_host(memory, np.arange(5.0))
+        lr = gs.GPUScalar(from_host(memory, np.float64(0.5)))
+        for _ in range(2):
+            np.multiply(lr * 2.0, w, out=w)
+            np.multiply(lr * 2.0, w[1:], out=w[:-1])
+    assert seam.kinds() == ["elementwise", "elementwise", "ufunc"] * 2

@@ -12,6 +12,7 @@ missing NVRTC is a failure, not a skip.
 from __future__ import annotations
 
 import itertools
+import os
 from importlib import resources
 
 import numpy as np
@@ -208,3 +209,61 @@ def test_compile_check_catches_a_broken_kernel(nvrtc):
         assert broken != source
         with pytest.raises(pytest.fail.Exception, match="undefined_helper"):
             _compile(nvrtc, broken, "broken.cu")
+
+
+# ---- the CUDA runtime headers (issue 15: CuPy 14 compiles nothing without them) -------------
+
+
+def test_cuda_runtime_headers_are_installed_where_cupy_looks():
+    """The ``cuda12`` extra installs ``nvidia-cuda-runtime-cu12``, and CuPy's own lookup
+    (cuda-pathfinder's ``cudart`` headers) finds them: without this no CuPy kernel compiles."""
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    include = nv.cuda_include_dir()
+    assert find_nvidia_header_directory("cudart") == include
+    for header in nv.RUNTIME_HEADERS:
+        assert os.path.isfile(os.path.join(include, header))
+    assert f"-I{include}" in nv.cupy_options()
+
+
+def test_a_kernel_including_the_cuda_runtime_headers_compiles(nvrtc):
+    """The runtime headers CuPy's kernels reach (``<cuda_runtime.h>``; ``cupy/float16.cuh`` and
+    ``cupy/bfloat16.cuh`` include ``<cuda_fp16.h>`` / ``<cuda_bf16.h>``), compiled with the
+    options CuPy uses: none of them is one of NVRTC's built-in headers, so each fails to open
+    without the wheel's include directory (``cuda_device_runtime_api.h`` is reached through
+    ``cuda_runtime_api.h``; included on its own it needs nvcc's ``crt/host_defines.h``, which
+    NVRTC does not use)."""
+    source = (
+        "#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+        'extern "C" __global__ void runtime_probe(__half* x, __nv_bfloat16* y) {\n'
+        "    x[threadIdx.x] = __float2half(static_cast<float>(blockDim.x));\n"
+        "    y[threadIdx.x] = __float2bfloat16(1.5f);\n}\n"
+    )
+    assert ".entry runtime_probe" in _compile(nvrtc, source, "runtime_probe.cu")
+    without = [o for o in nv.cupy_options() if o != f"-I{nv.cuda_include_dir()}"]
+    with pytest.raises(pytest.fail.Exception, match="cuda_runtime.h"):
+        nv.compile_source(nvrtc, source, "runtime_probe.cu", without)
+
+
+def test_cupys_own_headers_compile(nvrtc):
+    """CuPy's header list (``cupy/carray.cuh`` and friends, what every ElementwiseKernel,
+    ReductionKernel and ufunc is compiled with) compiles against the installed CUDA headers."""
+    from cupy._core import core
+
+    source = "".join(f"#include <{h}>\n" for h in core._cupy_header_list) + (
+        'extern "C" __global__ void header_probe(double* x) { x[0] = 1.0; }\n'
+    )
+    assert ".entry header_probe" in _compile(nvrtc, source, "header_probe.cu")
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)])
+def test_missing_cuda_headers_fail_under_ci(monkeypatch, ci, outcome):
+    """No silent fallback: without the headers CuPy compiles nothing, so CI fails (a developer
+    machine without the extra skips), naming the wheel to install."""
+    import cuda.pathfinder
+
+    monkeypatch.setattr(cuda.pathfinder, "find_nvidia_header_directory", lambda name: None)
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="nvidia-cuda-runtime-cu12"):
+        nv.cupy_options()

@@ -3,6 +3,7 @@ and device-op counts, on-device skipping, checkpointing, and bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -1203,3 +1204,66 @@ def test_skip_if_costs_no_extra_op(xp, rng):
     with counting() as skipping:
         opt.step(grads, skip_if=flag)
     assert (plain.device_ops, skipping.device_ops) == (3, 3)
+
+
+# ---- issue 15: no hidden host-to-device copy in a step; error messages that would sync -------
+
+
+def test_a_clip_and_adam_step_makes_no_hidden_host_to_device_copy():
+    """A clip + Adam step over 12 gradients (more than the 8 inputs above which CuPy's
+    stack/concatenate uploads a pointer table) recorded as a captured step's body on the strict
+    device, which refuses every host-to-device copy with CuPy's words: none is made. The same
+    step outside the body gives the same parameters (the body changes nothing it computes)."""
+    from gpuscalar import strict
+
+    def run(in_body):
+        rng = np.random.default_rng(7)
+        params = [strict.xp.asarray(rng.standard_normal(3)) for _ in range(12)]
+        grads = [strict.xp.asarray(rng.standard_normal(3)) for _ in range(12)]
+        opt = optim.Adam(params, lr=1e-2)
+        with counting() as counter:
+            for _ in range(3):
+                with sync.graph_body() if in_body else contextlib.nullcontext():
+                    total = optim.clip_grad_norm(grads, 0.5)
+                    opt.step(grads, skip_if=~optim.all_finite(grads))
+        assert counter.count == 0
+        return [host(p) for p in params], float(total)
+
+    (captured, norm_in_body), (plain, norm_plain) = run(True), run(False)
+    assert norm_in_body == norm_plain
+    for got, expected in zip(captured, plain, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("n", [1, 2, 12])
+def test_all_finite_device_ops(xp, n):
+    """One array: isfinite and all (2 ops); n arrays: the slot vector, isfinite and all into
+    the array's slot per array, and all of the slots (2 + 2n ops), whatever n (no stack)."""
+    arrays = [xp.ones(3) for _ in range(n)]
+    with gs.count_syncs() as counter:
+        flag = optim.all_finite(arrays)
+    assert counter.device_ops == (2 if n == 1 else 2 + 2 * n)
+    assert bool(flag) is True
+    arrays[-1][1] = np.nan
+    assert bool(optim.all_finite(arrays)) is False
+
+
+@pytest.mark.parametrize("setting, error, words", [
+    (lambda opt: setattr(opt, "betas", gs.asscalar(0.9)), TypeError,
+     "betas must be a pair .*got a GPUScalar of dtype float64"),
+    (lambda opt: setattr(opt, "betas", (gs.asscalar(0.9),)), TypeError,
+     r"got a tuple of 1 \(a GPUScalar of dtype float64\)"),
+    (lambda opt: setattr(opt, "betas", [gs.asscalar(0.9)] * 3), TypeError,
+     "got a list of 3"),
+    (lambda opt: optim.clip_grad_norm([np.ones(3)], 1.0, norm_type=gs.asscalar(2.0)),
+     ValueError, "norm_type must be .* got a GPUScalar of dtype float64"),
+    (lambda opt: gs.unbroadcast(np.ones(3), gs.asscalar(3)), TypeError,
+     "shape must be a tuple of ints, got a GPUScalar of dtype int64"),
+], ids=["betas-scalar", "betas-short", "betas-long", "norm_type", "unbroadcast-shape"])
+def test_bad_input_errors_name_a_gpuscalar_without_reading_it(setting, error, words):
+    """Formatting a GPUScalar's value in an error message is a sync: under the error guard it
+    would raise SyncError in place of the real error. The message names its type and dtype."""
+    opt = optim.Adam([np.ones(3)], lr=0.1)
+    with gs.sync_guard("error"), gs.count_syncs() as counter, pytest.raises(error, match=words):
+        setting(opt)
+    assert counter.count == 0

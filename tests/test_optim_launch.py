@@ -32,51 +32,12 @@ import gpuscalar as gs
 from gpuscalar import backend as backend_module
 from gpuscalar import codegen, optim, sync
 
+from .cupy_seam import parse_kernel
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
 
 
 class EmuArray(np.ndarray):
     """An array of the emulated device."""
-
-
-_C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32,
-            "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
-
-
-def _structs(source: str) -> dict[str, np.dtype]:
-    """The structs a source declares (``struct S { long long f[N]; };``), as the NumPy dtypes
-    whose size-one arrays CuPy passes by value for them (field by field, no padding: every
-    field of these structs has the struct's alignment)."""
-    found = {}
-    for sname, body in re.findall(r"struct (\w+) \{(.*?)\};", source):
-        fields = []
-        for ctype, field, count in re.findall(r"([\w ]+?) (\w+)(?:\[(\d+)\])?;", body):
-            shape = (int(count),) if count else ()
-            fields.append((field, _C_TYPES[ctype.strip()], shape))
-        found[sname] = np.dtype(fields)
-    return found
-
-
-def _parse(source: str, name: str) -> tuple[np.dtype | None, list[tuple], str]:
-    """The kernel's T, its parameters as (declaration, NumPy dtype, is_pointer, name), and the
-    source after the signature."""
-    signature = re.search(rf'void {name}\((.*?)\) {{', source).group(1)
-    typedef = re.search(r"typedef (\w+) T;", source)
-    t_type = np.dtype(_C_TYPES[typedef.group(1)]) if typedef else None
-    structs = _structs(source)
-    params = []
-    for param in (p.strip() for p in signature.split(",")):
-        match = re.fullmatch(r"(?:const )?([\w ]+?)(\*)?(?: __restrict__)? (\w+)", param)
-        ctype, pointer, pname = match.groups()
-        if ctype == "T":
-            want = t_type
-        elif ctype in structs:
-            assert not pointer, f"{param}: a struct is passed by value"
-            want = structs[ctype]
-        else:
-            want = np.dtype(_C_TYPES[ctype])
-        params.append((param, want, bool(pointer), pname))
-    return t_type, params, source[source.index(signature) + len(signature):]
 
 
 class NativeKernels:
@@ -99,7 +60,7 @@ class NativeKernels:
         units = [self.SHIM]
         for source, i in self.index.items():
             name = sources[source]
-            _, params, _ = _parse(source, name)
+            _, params, _ = parse_kernel(source, name)
             signature = ", ".join(p[0] for p in params)
             names = ", ".join(p[3] for p in params)
             units += [
@@ -256,7 +217,7 @@ class EmulatedCuda(backend_module.Backend):
 
     def _run(self, source: str, name: str, args: list[Any], grid: int | None,
              block: int) -> None:
-        t_type, params, body = _parse(source, name)
+        t_type, params, body = parse_kernel(source, name)
         env: dict[str, Any] = {}
         assert len(params) == len(args), f"{name}: {len(params)} parameters, {len(args)} args"
         for (param, want, pointer, pname), arg in zip(params, args, strict=True):

@@ -491,3 +491,45 @@ def test_unpickling_a_device_scalar_uploads_nothing(uploads_refused):
         again = pickle.loads(payload)
     assert counter.device_ops == 1
     assert again.dtype == np.float32 and again.backend.name == "strict" and again.item() == 2.5
+
+
+# ---- numbers.Real / numbers.Complex members and calls into the array library (issue 15) -------
+
+
+@pytest.mark.parametrize("value", [1.5, 3, True, 2 - 0.5j], ids=["float", "int", "bool", "complex"])
+def test_real_imag_conjugate_are_device_scalars(xp, value):
+    """``s.real``, ``s.imag``, ``s.conjugate()`` as for the Python number (numbers ABC), as
+    GPUScalars of NumPy's dtypes for them, without a sync."""
+    s = gs.asscalar(value, like=xp.zeros(1))
+    with gs.sync_guard("error"):
+        parts = s.real, s.imag, s.conjugate()
+    assert all(isinstance(p, gs.GPUScalar) for p in parts)
+    data = np.asarray(value, dtype=s.dtype)
+    # a real number is its own conjugate (numbers.Real; np.conjugate makes a bool an int8)
+    expected = np.real(data), np.imag(data), np.conjugate(data) if data.dtype.kind == "c" else data
+    assert [p.dtype for p in parts] == [e.dtype for e in expected]
+    assert [host(p) for p in parts] == [e.item() for e in expected]
+    assert [host(p) for p in parts] == [value.real, value.imag, value.conjugate()]
+
+
+@pytest.mark.parametrize("how", ["np.clip", "x.clip", "xp.clip"])
+def test_clip_with_a_scalar_bound_follows_the_parity_rule(xp, how):
+    """``clip`` (no NumPy ufunc by name) with a GPUScalar bound: as with the Python float."""
+    x = xp.asarray(np.array([0.5, 1.0, 3.0], dtype=np.float32))
+    s = gs.asscalar(2.0, like=x, dtype=np.float64)
+    clip = {"np.clip": np.clip, "x.clip": lambda a, lo, hi: a.clip(lo, hi), "xp.clip": xp.clip}
+    with gs.sync_guard("error"):
+        result = clip[how](x, 1.0, s)
+    assert result.dtype == np.float32
+    np.testing.assert_array_equal(host(result), [1.0, 1.0, 2.0])
+
+
+
+def test_clip_of_a_scalar_is_a_device_scalar(xp):
+    """``np.clip(s, lo, hi)`` calls ``s.clip`` (as ``cupy.clip`` does): a GPUScalar, no sync;
+    a None bound leaves that side open."""
+    s = gs.asscalar(3.0, like=xp.zeros(1))
+    with gs.sync_guard("error"):
+        results = [np.clip(s, 0, 1.0), np.clip(s, None, 1.0), np.clip(s, 5, None), s.clip(0, 4)]
+    assert all(isinstance(r, gs.GPUScalar) and r.dtype == np.float64 for r in results)
+    assert [host(r) for r in results] == [1.0, 1.0, 5.0, 3.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import numpy as np
@@ -156,7 +157,7 @@ def test_gpuscalar_ops_are_counted_once_however_numpy_implements_them():
         u = gs.sqrt(t)         # Backend.call
         z = y * u              # promotion rule 1, one ufunc
         norm = gs.global_norm([y, z])
-    assert counter.device_ops == 3 + 4  # global_norm: two norms, stack, norm
+    assert counter.device_ops == 3 + 4  # global_norm: the slot vector, two shares, the norm
     assert counter.count == 0
     with gs.count_syncs() as counter:  # lazy: t and u are computed inside y * u's kernel
         z = y * gs.sqrt(s + s)
@@ -349,3 +350,130 @@ def test_the_backend_is_registered_and_named():
     assert gs.get_backend("strict") is strict.STRICT
     assert gs.backend.backend_of(xp.ones(1)) is strict.STRICT
     assert "strict device" in gs.backend.describe(strict.STRICT)
+
+
+# ---- CuPy's concatenate through a host-built pointer table (issue 15) ----------------------
+
+
+@pytest.mark.parametrize("join", [
+    lambda arrays: xp.stack(arrays), lambda arrays: np.stack(arrays),
+    lambda arrays: xp.concatenate([a.reshape(1) for a in arrays]),
+    lambda arrays: xp.hstack(arrays),
+], ids=["xp.stack", "np.stack", "concatenate", "hstack"])
+def test_joining_more_than_eight_small_same_dtype_arrays_is_an_upload_in_a_graph_body(join):
+    """CuPy 14's ``_concatenate`` joins more than 8 inputs of the result's dtype (under 2 MiB
+    each on average) in one kernel reading a table of their pointers, copied from the host
+    (``core.array(ptrs)``): refused while capturing, so refused in a step's body."""
+    nine = [xp.asarray(float(i)) for i in range(9)]
+    assert join(nine).shape == (9,)  # outside a body: allowed, as in CuPy
+    with sync.graph_body(), pytest.raises(RuntimeError) as raised:
+        join(nine)
+    assert str(raised.value) == strict.H2D_CAPTURE_MESSAGE
+
+
+@pytest.mark.parametrize("arrays", [
+    [xp.asarray(float(i)) for i in range(8)],  # 8 inputs: one copy kernel each in CuPy
+    [xp.asarray(float(i)) for i in range(8)] + [xp.asarray(1, dtype=np.int32)],  # mixed dtypes
+    [xp.zeros(300_000) for _ in range(9)],  # 2.4 MB each: one copy kernel each
+], ids=["eight", "mixed-dtypes", "large"])
+def test_joins_cupy_does_with_copy_kernels_are_allowed_in_a_graph_body(arrays):
+    with sync.graph_body():
+        joined = xp.concatenate([a.reshape(-1) for a in arrays])
+    assert joined.shape == (sum(a.size for a in arrays),)
+
+
+def test_a_join_into_out_of_another_dtype_is_allowed_in_a_graph_body():
+    """With ``out`` (or ``dtype``) of another dtype than the inputs, CuPy copies each input."""
+    nine = [xp.ones(2, dtype=np.float32) for _ in range(9)]
+    out = xp.zeros(18)
+    with sync.graph_body():
+        xp.concatenate(nine, 0, out)
+        xp.concatenate(nine, dtype=np.float64)
+    with sync.graph_body(), pytest.raises(RuntimeError, match="H2D"):
+        xp.concatenate(nine, dtype=np.float32)
+
+
+# ---- CuPy's rules for a GPUScalar handed to CuPy (issue 15; tests/test_cupy_into.py) ------------
+
+
+def test_fill_with_a_device_value_is_a_declared_sync_as_in_cupy():
+    """CuPy 14's ``fill`` compares a device value with 0 and reads the answer back; ``x[...] =
+    s`` and ``copyto`` copy on the device."""
+    x = xp.zeros(3)
+    s = gs.asscalar(2.0, like=x)
+    counter = library_counter()
+    with sync._activate(counter):
+        x.fill(s)
+        x.fill(xp.asarray(np.float64(1.0)))
+        x.fill(2.0)  # a host number: compared on the host, no sync
+        x[...] = s
+        xp.copyto(x, s)
+    assert [r.reason for r in counter.records] == ["cupy", "cupy"]
+    np.testing.assert_array_equal(host(x), [2.0, 2.0, 2.0])
+    with sync._activate(library_counter()), gs.sync_guard("error"):
+        with pytest.raises(gs.SyncError):
+            x.fill(s)
+
+
+def test_where_and_clip_with_a_gpuscalar_take_its_promotion_rules():
+    """CuPy's where/clip kernels hand a GPUScalar to its hook (the scalar is weak, as the
+    Python number it replaces); NumPy would take it as a strong float64 0-d array."""
+    x = xp.asarray(np.array([0.5, 3.0], dtype=np.float32))
+    s = gs.asscalar(2.0, like=x, dtype=np.float64)
+    condition = x > 1
+    assert xp.where(condition, x, s).dtype == np.float32
+    assert xp.clip(x, 0, s).dtype == np.float32
+    assert x.clip(0, s).dtype == np.float32
+    assert np.clip(x, 0, s).dtype == np.float32
+    np.testing.assert_array_equal(host(x.clip(0, s)), [0.5, 2.0])
+    assert xp.clip(x, 0, 2.0).dtype == np.float32  # without a GPUScalar: NumPy's own call
+
+
+# ---- documented numerics of round() and ** (issue 15) ---------------------------------------
+
+
+@pytest.mark.parametrize("value, ndigits, numpys, pythons", [
+    (0.15, 1, 0.2, 0.1), (0.05, 1, 0.0, 0.1), (0.025, 2, 0.02, 0.03), (0.0055, 3, 0.006, 0.005),
+])
+def test_round_follows_numpy_not_python(value, ndigits, numpys, pythons):
+    """``round(s, n)`` is ``np.round`` on the device (scale by 10**n, round half to even, scale
+    back), not Python's correctly rounded decimal ``round``: ``round(0.15, 1)`` is 0.2 for a
+    GPUScalar and 0.1 for a float. Lazy and eager give the same bits."""
+    results = []
+    for lazy in (True, False):
+        with gs.lazy(lazy), gs.count_syncs() as counter:
+            rounded = round(gs.asscalar(value, like=xp.zeros(1)), ndigits)
+        assert isinstance(rounded, gs.GPUScalar) and counter.count == 0
+        results.append(rounded.item())
+    assert results[0] == results[1] == np.round(value, ndigits) == numpys
+    assert round(value, ndigits) == pythons != numpys
+
+
+@pytest.mark.parametrize("exponent", [-1, 0.5, 2])
+def test_a_gpuscalar_exponent_follows_np_power(exponent):
+    """NumPy's ``**`` looks at a Python exponent's value (``x ** 2`` is ``square``, ``** 0.5``
+    ``sqrt``, ``** -1`` ``reciprocal``); a GPUScalar's value is on the device, so ``x ** s`` is
+    always ``np.power(x, s)`` (one kernel on a GPU), lazy and eager alike, bit for bit."""
+    x = np.array([-np.inf, -2.0, -0.0, 0.0, 0.3, 4.0, np.inf, np.nan])
+    results = []
+    with np.errstate(all="ignore"):
+        for lazy in (True, False):
+            with gs.lazy(lazy):
+                got = xp.asarray(x) ** gs.asscalar(exponent, like=xp.zeros(1))
+            results.append(got.get())
+        expected = np.power(x, np.float64(exponent))
+    for got in results:
+        assert got.tobytes() == expected.tobytes()
+
+
+def test_a_gpuscalar_base_follows_np_power_not_pythons_pow():
+    """Python's ``float ** 0.5`` is C's ``pow``: ``(-inf) ** 0.5`` is ``inf``. A GPUScalar base
+    follows NumPy's array ``power`` (what the device kernel computes on the strict device),
+    which gives ``sqrt``'s ``nan`` there."""
+    with np.errstate(all="ignore"):
+        expected = np.power(np.asarray(-np.inf), 0.5)
+        for lazy in (True, False):
+            with gs.lazy(lazy):
+                got = gs.asscalar(-np.inf, like=xp.zeros(1)) ** 0.5
+            assert np.asarray(got.item()).tobytes() == expected.tobytes()
+    assert float("-inf") ** 0.5 == math.inf and np.isnan(expected)
