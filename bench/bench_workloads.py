@@ -6,7 +6,7 @@ backend (CuPy with a GPU, else NumPy) with the sync and device-op counts in
 each body runs once at the "quick" size as a plain test and the sync-count assertions run in CI;
 with ``--benchmark-enable`` the "default" size is timed.
 
-The workloads themselves live in `gpuscalar.workloads` (shared with ``gpuscalar bench``).
+The workloads themselves live in `gpuscalar.tools.workloads` (shared with ``gpuscalar bench``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 import gpuscalar as gs
-from gpuscalar.benchmarks import count_path, settle
-from gpuscalar.workloads import PATHS, WORKLOADS
+from gpuscalar.tools.benchmarks import count_path, settle
+from gpuscalar.tools.workloads import PATHS, WORKLOADS
 
 BACKEND = gs.default_backend()
 

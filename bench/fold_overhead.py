@@ -40,8 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tests package
 
 import gpuscalar as gs  # noqa: E402
-from gpuscalar import fusion  # noqa: E402
 from gpuscalar.backend import CUPY  # noqa: E402
+from gpuscalar.lazy import fusion  # noqa: E402
 from tests.cupy_fake import fake_memory, from_host  # noqa: E402
 
 SIZE = 1024

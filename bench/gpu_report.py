@@ -245,7 +245,7 @@ def workload_sync_tables(xp: Any, size: str = "default") -> list[dict[str, Any]]
     """Each workload's gpuscalar path on ``xp`` under a counter that also sees the array
     library's own syncs: its sync table, and whether it read only what it states it needs."""
     from gpuscalar import sync
-    from gpuscalar.workloads import WORKLOADS
+    from gpuscalar.tools.workloads import WORKLOADS
 
     rows = []
     for name, workload in WORKLOADS.items():

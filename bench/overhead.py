@@ -31,7 +31,7 @@ import numpy as np
 
 import gpuscalar as gs
 from gpuscalar.backend import get_backend
-from gpuscalar.benchmarks import progress
+from gpuscalar.tools.benchmarks import progress
 
 
 def cases(xp: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:

@@ -6,9 +6,9 @@ Importing gpuscalar never imports CuPy.
 
 from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
-from .expr import lazy
-from .graphs import CapturedStep, capture
-from .linalg import matmul
+from .cuda.graphs import CapturedStep, capture
+from .cuda.linalg import matmul
+from .lazy.expr import lazy
 from .optim import all_finite, clip_grad_norm
 from .promote import Rule
 from .reduce import (

@@ -10,10 +10,10 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "demo": ("gpuscalar.demo",
+    "demo": ("gpuscalar.tools.demo",
              "one training loop three ways (float, gpuscalar, captured): syncs, launches, time"),
     "profile": ("gpuscalar.profile", "run a script and report every sync by call site"),
-    "bench": ("gpuscalar.benchmarks",
+    "bench": ("gpuscalar.tools.benchmarks",
               "the workload benchmarks, three paths each, in one table"),
 }
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sync
+from . import ledger
 
 __all__ = [
     "Backend",
@@ -99,7 +99,7 @@ class Backend:
 
     def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue one device operation, counted. Every op gpuscalar issues goes through here."""
-        sync.note_device_op()
+        ledger.note_device_op()
         return func(*args, **kwargs)
 
     def ufunc(self, name: str) -> Any:
@@ -235,18 +235,19 @@ class CudaSeam:
         """A context manager routing CuPy's allocations to ``malloc`` in this thread."""
         return self._cupy().cuda.using_allocator(malloc)
 
-    # ---- cuBLAS (gpuscalar.cublas: CuPy's own cuBLAS bindings refuse a capturing stream) ------
+    # ---- cuBLAS (gpuscalar.cuda.cublas: CuPy's own cuBLAS refuses a capturing stream) ------
 
     def blas_handle(self, stream: Any) -> Any:
-        """A `gpuscalar.cublas.Handle` bound to ``stream`` (device pointer mode, own workspace)."""
-        from . import cublas  # noqa: PLC0415 - loads the cuBLAS library: only when multiplying
+        """A `gpuscalar.cuda.cublas.Handle` bound to ``stream`` (device pointer mode, own
+        workspace)."""
+        from .cuda import cublas  # noqa: PLC0415 - loads the cuBLAS library: only when multiplying
 
         return cublas.Handle(self._cupy().cuda.Memory, stream.ptr)
 
     def blas(self, routine: str, *args: Any) -> None:
         """Call cuBLAS ``routine`` (e.g. ``cublasSgemm_v2``) with ``args`` (a handle's value,
-        integers and device pointers), as `gpuscalar.cublas.call` does."""
-        from . import cublas  # noqa: PLC0415 - as above
+        integers and device pointers), as `gpuscalar.cuda.cublas.call` does."""
+        from .cuda import cublas  # noqa: PLC0415 - as above
 
         cublas.call(routine, *args)
 
@@ -281,7 +282,7 @@ class CupyBackend(Backend):
     def _call_through_seam(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`Backend.call` while a seam that launches by itself stands: counted, then the seam's
         ``launch``."""
-        sync.note_device_op()
+        ledger.note_device_op()
         return self.seam.launch(func, args, kwargs)
 
     def seam_cache(self, cache: dict[Any, Any]) -> dict[Any, Any]:
@@ -380,15 +381,15 @@ class CupyBackend(Backend):
     def upload(self, array: Any, host: np.ndarray) -> None:
         """Copy NumPy ``host`` into the contiguous device ``array``: one counted device op,
         asynchronous on the current stream (CuPy stages pageable host memory; no device sync).
-        Refused inside a captured step (`sync.in_graph_body`), before CuPy is asked."""
-        if sync.in_graph_body():
+        Refused inside a captured step (`ledger.in_graph_body`), before CuPy is asked."""
+        if ledger.in_graph_body():
             raise RuntimeError(
                 "gpuscalar: a host-to-device copy was asked for inside a captured step "
                 "(gs.capture): CuPy refuses one while the stream captures, and a recorded copy "
                 "would read host memory that is gone when the graph replays; pass the values "
                 "as kernel arguments (which the graph keeps) or copy before capturing"
             )
-        sync.note_device_op()
+        ledger.note_device_op()
         seam = self.seam
         seam.upload(array, host, seam.current_stream())
 

@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from . import expr, fusion, promote, sync
+from . import ledger, promote, sync
 from .backend import CUPY, NUMPY, Backend, backend_of, get_backend
+from .lazy import expr, fusion
 
 __all__ = [
     "GPUScalar",
@@ -980,7 +981,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
     real_python_types = frozenset({bool, int, float})
     note_op = sync.note_device_op
-    counting = sync.counting  # ContextVar.get, inlined: counting costs nothing when idle
+    counting = ledger.counting  # ContextVar.get, inlined: counting costs nothing when idle
     is_lazy = expr.is_lazy
     find_key, intern_key = expr.find_key, expr.intern_key
     leaf_keys = expr.LEAF_KEYS

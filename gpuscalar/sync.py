@@ -29,12 +29,24 @@ import os
 import sys
 import threading
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Literal
+
+from .ledger import (
+    SyncCounter,
+    SyncRecord,
+    SyncSite,
+    _active_counters,
+    graph_body,
+    graph_replays,
+    in_graph_body,
+    inside_device_op,
+    note_device_op,
+    note_graph_replay,
+    one_device_op,
+)
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -79,128 +91,6 @@ class SyncWarning(UserWarning):
     """Issued by a sync under ``sync_guard("warn")``; points at the user's call site."""
 
 
-@dataclass(frozen=True, slots=True)
-class SyncRecord:
-    """One device→host transfer: why, and the first caller frame outside gpuscalar."""
-
-    reason: str
-    filename: str
-    lineno: int
-    function: str
-
-    @property
-    def site(self) -> str:
-        """``file:line`` of the user's code that caused the sync."""
-        return f"{self.filename}:{self.lineno}"
-
-
-@dataclass(frozen=True, slots=True)
-class SyncSite:
-    """All the syncs of one reason made at one line of user code (a row of a report)."""
-
-    filename: str
-    lineno: int
-    function: str
-    reason: str
-    count: int
-
-    @property
-    def site(self) -> str:
-        """``file:line`` of the user's code that caused the syncs."""
-        return f"{self.filename}:{self.lineno}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``file``, ``line``, ``function``, ``reason``, ``count``."""
-        return {
-            "file": self.filename,
-            "line": self.lineno,
-            "function": self.function,
-            "reason": self.reason,
-            "count": self.count,
-        }
-
-
-@dataclass(slots=True)
-class SyncCounter:
-    """Counts syncs (with their records) and device operations issued while it is active.
-
-    ``include_cupy`` says whether the syncs CuPy declares itself are recorded too (reason
-    ``"cupy"``); see `count_syncs`.
-    """
-
-    records: list[SyncRecord] = field(default_factory=list)
-    device_ops: int = 0
-    include_cupy: bool = False
-
-    @property
-    def count(self) -> int:
-        """Number of syncs recorded."""
-        return len(self.records)
-
-    def sites(self) -> list[SyncSite]:
-        """Syncs grouped by (file, line, function, reason), most frequent first."""
-        tally = Counter((r.filename, r.lineno, r.function, r.reason) for r in self.records)
-        rows = [SyncSite(f, ln, fn, reason, n) for (f, ln, fn, reason), n in tally.items()]
-        rows.sort(key=lambda s: (-s.count, s.filename, s.lineno, s.reason))
-        return rows
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: ``count``, ``device_ops``, ``sites`` and every record."""
-        return {
-            "count": self.count,
-            "device_ops": self.device_ops,
-            "sites": [s.to_dict() for s in self.sites()],
-            "records": [
-                {
-                    "reason": r.reason,
-                    "filename": r.filename,
-                    "lineno": r.lineno,
-                    "function": r.function,
-                }
-                for r in self.records
-            ],
-        }
-
-    def report(self, limit: int | None = None) -> str:
-        """A text table of the syncs by call site, most frequent first.
-
-        Paths under the current directory are shown relative to it. ``limit`` keeps only the
-        first ``limit`` rows (the rest are summarized in one line).
-        """
-        if limit is not None and limit < 0:
-            raise ValueError(f"report(limit=...) must be >= 0 or None, got {limit}")
-        sites = self.sites()
-        noun = "sync" if self.count == 1 else "syncs"
-        ops = "device op" if self.device_ops == 1 else "device ops"
-        lines = [f"gpuscalar: {self.count} {noun}, {self.device_ops} {ops}"]
-        if not sites:
-            return lines[0]
-        shown = sites if limit is None else sites[:limit]
-        table = [("count", "site", "function", "reason")]
-        table += [
-            (str(s.count), _short_path(s.filename) + f":{s.lineno}", s.function, s.reason)
-            for s in shown
-        ]
-        widths = [max(len(row[i]) for row in table) for i in range(4)]
-        for row in table:
-            cells = [row[0].rjust(widths[0])] + [
-                c.ljust(w) for c, w in zip(row[1:], widths[1:], strict=True)
-            ]
-            lines.append("  " + "  ".join(cells).rstrip())
-        hidden = sites[len(shown) :]
-        if hidden:
-            lines.append(f"  ... {len(hidden)} more sites, {sum(s.count for s in hidden)} syncs")
-        return "\n".join(lines)
-
-
-def _short_path(filename: str) -> str:
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        return filename
-    return filename if relative.startswith(os.pardir) else relative
-
-
 def _default_mode_from_env() -> str:
     raw = os.environ.get(GUARD_ENV_VAR, "")
     mode = raw.strip().lower()
@@ -216,15 +106,8 @@ def _default_mode_from_env() -> str:
 
 _DEFAULT_MODE = _default_mode_from_env()
 _guard_mode: ContextVar[str] = ContextVar("gpuscalar_sync_guard", default=_DEFAULT_MODE)
-_active_counters: ContextVar[tuple[SyncCounter, ...]] = ContextVar(
-    "gpuscalar_sync_counters", default=()
-)
 #: True while `to_host` copies a value, so the CuPy hook does not count that read twice.
 _in_gpuscalar_read: ContextVar[bool] = ContextVar("gpuscalar_in_read", default=False)
-#: Truthy while any counter is active in this context (a C call; the hot path inlines it).
-counting = _active_counters.get
-#: How many `one_device_op` blocks enclose the current code (their inner ops are not counted).
-_op_depth: ContextVar[int] = ContextVar("gpuscalar_device_op_depth", default=0)
 _total_lock = threading.Lock()
 _total = 0
 
@@ -322,84 +205,6 @@ def sync_guard(mode: SyncMode) -> Iterator[None]:
 def total_syncs() -> int:
     """Syncs made through gpuscalar by this process so far, all threads together."""
     return _total
-
-
-def note_device_op() -> None:
-    """Count one device operation in every active counter (called by `Backend.call`), unless
-    it runs inside another counted operation (`one_device_op`)."""
-    if _op_depth.get():
-        return
-    for counter in _active_counters.get():
-        counter.device_ops += 1
-
-
-class one_device_op:  # noqa: N801 - used like a function: ``with one_device_op():``
-    """Everything inside the block is ONE device operation: counted once on entry (when
-    ``count``), and the operations issued inside are not counted again.
-
-    What makes device-op counts match a GPU's launches: a NumPy function that calls other NumPy
-    functions (the strict device), a fused expression evaluated with several ufuncs on the
-    host, or a captured step replayed as one graph launch.
-    """
-
-    __slots__ = ("count", "_token")
-
-    def __init__(self, count: bool = True) -> None:
-        self.count = count
-
-    def __enter__(self) -> None:
-        if self.count:
-            note_device_op()
-        self._token = _op_depth.set(_op_depth.get() + 1)
-
-    def __exit__(self, *exc: object) -> None:
-        _op_depth.reset(self._token)
-
-
-def inside_device_op() -> bool:
-    """Whether the caller runs inside a counted device operation (`one_device_op`)."""
-    return _op_depth.get() > 0
-
-
-# ---- graph bodies: code that runs without the host ----------------------------------------------
-
-_in_graph_body: ContextVar[bool] = ContextVar("gpuscalar_in_graph_body", default=False)
-_replays_lock = threading.Lock()
-_replays = 0
-
-
-@contextlib.contextmanager
-def graph_body() -> Iterator[None]:
-    """Mark the block as the body of a captured step: being recorded into a CUDA graph (CuPy),
-    or re-run as a replay (NumPy, the strict device). No host-to-device copy can happen there:
-    CuPy refuses one while its stream captures, and a recorded copy would read host memory that
-    is gone by the time the graph replays. Code that would upload must take a device-only path
-    (values passed as kernel arguments, which the graph keeps), and the strict device refuses
-    uploads here as CuPy does, so CPU tests see the GPU's rule."""
-    token = _in_graph_body.set(True)
-    try:
-        yield
-    finally:
-        _in_graph_body.reset(token)
-
-
-def in_graph_body() -> bool:
-    """Whether the caller runs inside `graph_body` (a step being recorded or replayed)."""
-    return _in_graph_body.get()
-
-
-def note_graph_replay() -> None:
-    """Count one replay of a captured step (called by `CapturedStep.__call__`)."""
-    global _replays
-    with _replays_lock:
-        _replays += 1
-
-
-def graph_replays() -> int:
-    """Replays of captured steps in this process so far. A replay on a GPU rewrites device
-    buffers without running any Python, so a Python-side cache of what a device buffer holds
-    (an optimizer's table of gradient addresses) is stale once this number has moved."""
-    return _replays
 
 
 def _check_guard_and_record(reason: str, cupy_only: bool) -> None:

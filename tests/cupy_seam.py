@@ -19,7 +19,7 @@ launch gpuscalar makes,
 It also records every host->device copy (`RecordingSeam.uploads`, including ``xp.asarray`` of
 host data) and every device->host read (`reads`), hands out fake streams whose capture records
 launches into a `FakeGraph` (replayed by ``graph.launch()``; an upload while capturing is refused
-with CuPy's own message), and records cuBLAS calls (`blas`), checked against gpuscalar.cublas's
+with CuPy's own message), and records cuBLAS calls (`blas`), checked against gpuscalar.cuda.cublas's
 signature table.
 
 Usage::
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuscalar import cublas
 from gpuscalar.backend import CUPY, CudaSeam
+from gpuscalar.cuda import cublas
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
 

@@ -2,7 +2,7 @@
 
 `load` finds NVRTC (CuPy's binding, from the ``nvidia-cuda-nvrtc-cu12`` wheel); `compile_source`
 compiles one translation unit and fails the test with NVRTC's log; `elementwise_source` builds
-the exact source ``cupy.ElementwiseKernel`` would compile for a `gpuscalar.codegen.KernelSpec`
+the exact source ``cupy.ElementwiseKernel`` would compile for a `gpuscalar.lazy.codegen.KernelSpec`
 (CuPy's own code generator, called with the argument kinds gpuscalar launches it with), so the
 check covers what CuPy really compiles, not an imitation of it.
 """

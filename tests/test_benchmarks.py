@@ -10,9 +10,9 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import backend as backend_module
-from gpuscalar import benchmarks
 from gpuscalar.__main__ import main as cli_main
-from gpuscalar.workloads import WORKLOADS
+from gpuscalar.tools import benchmarks
+from gpuscalar.tools.workloads import WORKLOADS
 
 # ---- counts on the strict device ------------------------------------------------------------
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import graphs, linalg, optim, strict, sync
+from gpuscalar import ledger, optim, strict, sync
 from gpuscalar.backend import CUPY
+from gpuscalar.cuda import graphs, linalg
 
 from .helpers import backend_name, host
 
@@ -396,7 +397,7 @@ def test_a_release_during_a_recording_waits_until_it_ends():
 
     class Resources:
         def close(self):
-            closed.append(graphs._recordings)
+            closed.append(ledger.recordings_under_way())
 
     with graphs._recording():
         graphs._release(Resources())  # e.g. a step garbage-collected inside another's fn

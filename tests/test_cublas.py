@@ -9,7 +9,7 @@ import os
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import cublas
+from gpuscalar.cuda import cublas
 
 
 @pytest.fixture(scope="module")

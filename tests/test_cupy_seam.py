@@ -308,7 +308,7 @@ def test_a_captured_optimizer_step_records_replays_and_uploads_nothing(dev):
 def test_device_objects_made_through_the_recorder_do_not_outlive_it():
     """cuBLAS handles and alpha/beta constants made through a double (fake memory, fake
     handles) are dropped when the seam is restored; what the real seam made comes back."""
-    from gpuscalar import linalg
+    from gpuscalar.cuda import linalg
 
     sentinel = ("real seam", np.dtype(np.float64), "0x0p+0")  # stands for a real constant
     linalg._CONSTANTS[sentinel] = real = object()

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import benchmarks, demo, strict
+from gpuscalar import strict
 from gpuscalar.optim import Adam
-from gpuscalar.workloads import WORKLOADS
+from gpuscalar.tools import benchmarks, demo
+from gpuscalar.tools.workloads import WORKLOADS
 
 from .cupy_fake import cupy_or_fail, host_view
 from .cupy_seam import covers

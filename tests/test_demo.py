@@ -11,8 +11,9 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import __main__ as cli
-from gpuscalar import demo, strict
+from gpuscalar import strict
 from gpuscalar.backend import NUMPY
+from gpuscalar.tools import demo
 
 
 @pytest.mark.parametrize("backend", [NUMPY, strict.STRICT], ids=["numpy", "strict"])

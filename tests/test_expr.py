@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import gpuscalar as gs
-from gpuscalar import expr
+from gpuscalar.lazy import expr
 
 from . import recipes
 

@@ -8,6 +8,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import strict
+from gpuscalar.lazy import expr
 
 from .helpers import backend_name, host
 
@@ -145,7 +146,7 @@ def test_materialization_is_one_counted_op_on_every_host_backend(xp):
 
 def test_dtype_argument_is_only_given_where_it_pins_cupys_loop():
     pytest.importorskip("cupy")  # CuPy's ufunc tables exist without a device
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     assert fusion.dtype_pins_loop("add", np.dtype(np.float32))
     assert fusion.dtype_pins_loop("true_divide", np.dtype(np.float64))
@@ -160,7 +161,7 @@ def _large_pending(like):
     """A pending scalar larger than expr.KEEP_NODES (an array kernel keeps such a scalar)."""
     step = gs.asscalar(3, like=like, dtype=np.int64)
     lr = 0.1 * gs.minimum(1.0, (step + 1) / 10.0) * 0.5 * (1 + gs.cos(np.pi * step / 100))
-    assert not gs.expr.is_lazy() or lr._node[1] > gs.expr.KEEP_NODES
+    assert not expr.is_lazy() or lr._node[1] > expr.KEEP_NODES
     return lr
 
 
@@ -187,7 +188,7 @@ def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build):
 
 
 def test_cupy_fuses_only_the_keywords_its_kernel_implements():
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     assert fusion.cupy_fuses_keywords({})
     assert fusion.cupy_fuses_keywords({"casting": "unsafe"})
@@ -240,7 +241,7 @@ def test_an_empty_array_operation_keeps_no_scalar(xp):
 def bounded_to():
     """Sets the caches' bound for one test and restores it (and the caches' contents stay
     valid: entries are only ever evicted)."""
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     previous = fusion.cache_size()
     yield fusion.set_cache_size
@@ -248,7 +249,7 @@ def bounded_to():
 
 
 def test_a_bounded_cache_keeps_the_most_recently_used_entries(bounded_to):
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     bounded_to(3)
     cache, built = fusion.BoundedCache(), []
@@ -279,7 +280,7 @@ def test_threads_meeting_a_key_together_build_it_once():
     being built wait for it and get the same object (a compiled kernel is built once)."""
     import threading
 
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     cache, threads, built = fusion.BoundedCache(), 8, []
     arrived = threading.Semaphore(0)
@@ -321,7 +322,7 @@ def test_a_repeated_fold_on_cupy_reuses_one_plan_and_one_kernel():
     """``lr_expr * g`` with the same structure every step: the first fold decides the plan
     (CuPy's routine, the kernel); the next ones only look it up. Each is one launch, the same
     kernel with the step's own leaves."""
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     from .cupy_fake import from_host
 
@@ -353,7 +354,7 @@ def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
     """Operand dtypes, the output's dtype and the operation each decide CuPy's routine and the
     kernel: with every plan cached (folds in any order, twice), each fold launches the kernel
     a fold of its own, with empty caches, would build."""
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     from .cupy_fake import from_host
 
@@ -399,7 +400,7 @@ def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
 def test_an_evicted_plan_costs_only_a_rebuild_of_the_same_kernel(bounded_to):
     """With room for one entry, alternating two folds evicts each plan and kernel in turn: every
     fold is still one launch, of a kernel with the same generated source as before."""
-    from gpuscalar import fusion
+    from gpuscalar.lazy import fusion
 
     from .cupy_fake import from_host
 

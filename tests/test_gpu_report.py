@@ -10,7 +10,7 @@ import pytest
 
 from bench import gpu_report
 from gpuscalar import strict
-from gpuscalar.workloads import WORKLOADS
+from gpuscalar.tools.workloads import WORKLOADS
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

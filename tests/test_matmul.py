@@ -13,7 +13,8 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import gpuscalar as gs
-from gpuscalar import cublas, graphs, linalg, strict, sync
+from gpuscalar import strict, sync
+from gpuscalar.cuda import cublas, graphs, linalg
 
 from .helpers import host
 

@@ -30,7 +30,8 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import backend as backend_module
-from gpuscalar import codegen, optim, sync
+from gpuscalar import optim, sync
+from gpuscalar.lazy import codegen
 
 from .cupy_seam import parse_kernel
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error

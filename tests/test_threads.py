@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import expr
 from gpuscalar import scalar as scalar_module
 from gpuscalar.backend import NumpyBackend
+from gpuscalar.lazy import expr
 
 from .helpers import host
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar.workloads import PATHS, SIZES, WORKLOADS, get_workload
+from gpuscalar.tools.workloads import PATHS, SIZES, WORKLOADS, get_workload
 
 NAMES = list(WORKLOADS)
 
@@ -48,7 +48,7 @@ def test_every_path_gives_the_same_answer(xp, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_capture_path_reads_what_the_gpuscalar_path_reads(name):
     """Replays are one device op each; the host reads the same values between them."""
-    from gpuscalar import benchmarks
+    from gpuscalar.tools import benchmarks
 
     workload = WORKLOADS[name]
     params = workload.params("quick")

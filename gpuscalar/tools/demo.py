@@ -23,7 +23,7 @@ from typing import Any
 import gpuscalar as gs
 from gpuscalar import strict, sync
 from gpuscalar.backend import Backend, default_backend, describe, get_backend
-from gpuscalar.benchmarks import cpu_note
+from gpuscalar.tools.benchmarks import cpu_note
 
 BACKEND_CHOICES = ("numpy", "strict", "cupy")
 

@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from . import codegen, expr, reduce, sync
-from .backend import NUMPY, Backend, backend_of
-from .scalar import GPUScalar, _array_of, _node_of, _wrap, apply_ufunc, minimum
+from .. import reduce, sync
+from ..backend import NUMPY, Backend, backend_of
+from ..lazy import codegen, expr
+from ..scalar import GPUScalar, _array_of, _node_of, _wrap, apply_ufunc, minimum
 
 __all__ = [
     "Program",
@@ -398,7 +399,7 @@ def _evaluate_host(
 
 @cache
 def _header() -> str:
-    return resources.files(__package__).joinpath("kernels/fused_elementwise.cu").read_text()
+    return resources.files("gpuscalar").joinpath("kernels/fused_elementwise.cu").read_text()
 
 
 def kernel_source(

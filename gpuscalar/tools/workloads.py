@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from . import reduce as gsr
-from . import scalar as gss
-from .graphs import CapturedStep, capture
-from .linalg import matmul
-from .optim import Adam, clip_grad_norm, sgd_step
+from .. import reduce as gsr
+from .. import scalar as gss
+from ..cuda.graphs import CapturedStep, capture
+from ..cuda.linalg import matmul
+from ..optim import Adam, clip_grad_norm, sgd_step
 
 __all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload", "warmup_cosine"]
 

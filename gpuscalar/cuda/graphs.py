@@ -54,9 +54,10 @@ from typing import Any
 
 import numpy as np
 
-from . import linalg, sync
-from .backend import CUPY, NUMPY, Backend, backend_of, default_backend
-from .scalar import GPUScalar, _array_of, _wrap
+from .. import ledger, sync
+from ..backend import CUPY, NUMPY, Backend, backend_of, default_backend
+from ..scalar import GPUScalar, _array_of, _wrap
+from . import linalg
 
 __all__ = ["capture", "CapturedStep"]
 
@@ -251,14 +252,13 @@ class _GraphResources:
 
 
 _release_lock = threading.RLock()  # re-entrant: a finalizer may run while this thread holds it
-_recordings = 0  # CuPy recordings under way in this process
 _deferred: list[_GraphResources] = []
 
 
 def _release(resources: _GraphResources) -> None:
-    """Release now, or when the recordings under way have ended."""
+    """Release now, or when the recordings under way (`ledger.recordings_under_way`) end."""
     with _release_lock:
-        if _recordings:
+        if ledger.recordings_under_way():
             _deferred.append(resources)
         else:
             resources.close()
@@ -266,15 +266,14 @@ def _release(resources: _GraphResources) -> None:
 
 @contextlib.contextmanager
 def _recording() -> Iterator[None]:
-    global _recordings
-    with _release_lock:
-        _recordings += 1
+    with _release_lock:  # the count changes only under this lock (see _release)
+        ledger.note_recording(+1)
     try:
         yield
     finally:
         with _release_lock:
-            _recordings -= 1
-            waiting = _deferred[:] if _recordings == 0 else []
+            under_way = ledger.note_recording(-1)
+            waiting = _deferred[:] if under_way == 0 else []
             del _deferred[: len(waiting)]
         for resources in waiting:
             try:

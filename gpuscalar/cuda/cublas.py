@@ -170,7 +170,7 @@ def _check(name: str, status: int) -> None:
 def call(name: str, *args: Any) -> None:
     """Call cuBLAS function ``name`` (declared in the signature table); raise on failure."""
     if name not in _SIGNATURES:
-        raise ValueError(f"gpuscalar.cublas does not bind {name!r}")
+        raise ValueError(f"gpuscalar.cuda.cublas does not bind {name!r}")
     argtypes = _SIGNATURES[name]
     if len(args) != len(argtypes):
         raise TypeError(f"{name} takes {len(argtypes)} arguments, got {len(args)}")

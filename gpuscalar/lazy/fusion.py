@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import CUPY, NUMPY, Backend
 from . import codegen, expr
-from .backend import CUPY, NUMPY, Backend
 
 __all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
            "cupy_fuses_keywords", "BoundedCache", "cache_size", "set_cache_size"]

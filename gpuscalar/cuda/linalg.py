@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from . import cublas, sync
-from .backend import CUPY, Backend, backend_of
-from .scalar import GPUScalar, _array_of, asscalar
+from .. import ledger, sync
+from ..backend import CUPY, Backend, backend_of
+from ..scalar import GPUScalar, _array_of, asscalar
+from . import cublas
 
 __all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare", "release_stream",
            "close_handles"]
@@ -457,9 +458,7 @@ def _stream_gone(key: tuple[object, int], handle: cublas.Handle) -> None:
 
 def _drain() -> None:
     """Destroy the handles of streams that are gone, unless a graph is being recorded."""
-    from . import graphs  # noqa: PLC0415 - graphs imports this module
-
-    if graphs._recordings or sync.in_graph_body():
+    if ledger.recordings_under_way() or ledger.in_graph_body():
         return
     with _handles_lock:
         doomed = _DOOMED[:]

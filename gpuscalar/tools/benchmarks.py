@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, strict, sync
-from . import backend as backend_module
-from .reduce import max as device_max
-from .reduce import sum as device_sum
-from .scalar import GPUScalar
+from .. import __version__, strict, sync
+from .. import backend as backend_module
+from ..reduce import max as device_max
+from ..reduce import sum as device_sum
+from ..scalar import GPUScalar
 from .workloads import PATHS, WORKLOADS, Workload, get_workload
 
 __all__ = [

@@ -1,0 +1,9 @@
+"""Pending scalar expressions: what a lazy GPUScalar holds, and where it is evaluated.
+
+Why this subpackage exists: a lazy GPUScalar is a recipe, and turning recipes into as few
+launches as possible is one idea in three steps, each with one home: `expr` (immutable nodes with
+structural keys made when built, the size bound, the host evaluator), `codegen` (CUDA C for an
+expression, written as CuPy writes each operation, with FMA barriers) and `fusion` (where an
+expression is evaluated: one launch to materialize, none of its own inside an array operation;
+the bounded kernel and plan caches). Nothing here knows about GPUScalar's operators.
+"""
