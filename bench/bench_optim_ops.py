@@ -76,3 +76,17 @@ def test_unfused_adam_cpu_time(benchmark):
     vs = [np.zeros_like(p) for p in params]
     benchmark.extra_info["unfused_ops"] = _ops(lambda: naive_adam_step(params, grads, ms, vs, 1))
     benchmark(naive_adam_step, params, grads, ms, vs, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: optim.SGD(p, lr=0.1, momentum=0.9), lambda p: optim.AdamW(p),
+    lambda p: optim.RMSprop(p, momentum=0.9, centered=True), lambda p: optim.Lion(p),
+], ids=["sgd-momentum", "adamw", "rmsprop-centered-momentum", "lion"])
+def test_every_fused_optimizer_ops_per_step(benchmark, make):
+    """Every optimizer class costs what Adam costs: one kernel per dtype group + the counter."""
+    params, grads = _problem((np.float32, np.float64))
+    opt = make(params)
+    assert _ops(lambda: opt.step(grads)) == 4  # + the gradient table, once
+    assert _ops(lambda: opt.step(grads)) == 3
+    benchmark.extra_info.update(tensors=N_TENSORS, dtype_groups=2, fused_ops=3)
+    benchmark(opt.step, grads)

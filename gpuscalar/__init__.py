@@ -6,34 +6,13 @@ Importing gpuscalar never imports CuPy.
 
 from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
+from .control import cond, while_loop
 from .cuda.graphs import CapturedStep, capture
 from .cuda.linalg import matmul
 from .lazy.expr import lazy
-from .optim import all_finite, clip_grad_norm
-from .promote import Rule
-from .reduce import (
-    all,
-    any,
-    count_nonzero,
-    dot,
-    global_norm,
-    logsumexp,
-    max,
-    mean,
-    min,
-    norm,
-    prod,
-    std,
-    sum,
-    unbroadcast,
-    var,
-    vdot,
-)
-from .scalar import (
-    GPUScalar,
+from .math import (
     abs,
     arctan2,
-    asscalar,
     ceil,
     clip,
     cos,
@@ -59,6 +38,27 @@ from .scalar import (
     tanh,
     where,
 )
+from .optim import all_finite, clip_grad_norm
+from .promote import Rule
+from .reduce import (
+    all,
+    any,
+    count_nonzero,
+    dot,
+    global_norm,
+    logsumexp,
+    max,
+    mean,
+    min,
+    norm,
+    prod,
+    std,
+    sum,
+    unbroadcast,
+    var,
+    vdot,
+)
+from .scalar import GPUScalar, asscalar
 from .sync import (
     SyncCounter,
     SyncError,
@@ -94,6 +94,7 @@ __all__ = [
     "ceil",
     "clip",
     "clip_grad_norm",
+    "cond",
     "count_nonzero",
     "cos",
     "count_syncs",
@@ -140,4 +141,5 @@ __all__ = [
     "var",
     "vdot",
     "where",
+    "while_loop",
 ]

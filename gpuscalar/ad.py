@@ -21,8 +21,10 @@ import numpy as np
 
 from . import promote
 from .backend import backend_of
+from .math import log, where
 from .reduce import unbroadcast
-from .scalar import GPUScalar, _array_of, asscalar, log, where
+from .scalar import GPUScalar, _array_of, asscalar
+from .sync import describe
 
 __all__ = [
     "vjp_add",
@@ -152,19 +154,24 @@ def vjp_minimum(g: Any, a: Any, b: Any) -> tuple[Any, Any]:
 def _axes(x: Any, axis: Any) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
     for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"axis must be None, an int or a tuple of ints, got {describe(axis)}")
         if not -x.ndim <= a < x.ndim:
             raise ValueError(f"axis {a} is out of bounds for an array of shape {x.shape}")
     return tuple(a % x.ndim for a in axes)
 
 
-def _reduction_cotangent(g: Any, x: Any, axis: Any, keepdims: bool, rule: str) -> Any:
+def _reduction_cotangent(
+    g: Any, x: Any, axis: Any, keepdims: bool, rule: str, mean: bool = False
+) -> Any:
     """``g`` broadcast back to ``x``'s shape as a new (writable) array, or a GPUScalar when
-    ``x`` is one."""
+    ``x`` is one; with ``mean``, divided by the number of elements reduced."""
     if isinstance(x, GPUScalar):
         if axis not in (None, ()):
-            raise ValueError(f"{rule}(): x is a scalar, so axis must be None, got {axis!r}")
+            raise ValueError(
+                f"{rule}(): x is a scalar, so axis must be None, got {describe(axis)}")
         return g if isinstance(g, GPUScalar) else asscalar(g, like=x)
     backend = backend_of(x)
     if backend is None:
@@ -191,6 +198,9 @@ def _reduction_cotangent(g: Any, x: Any, axis: Any, keepdims: bool, rule: str) -
     dtype = x.dtype if x.dtype.kind in "fc" else g_array.dtype
     out = backend.call(backend.xp.empty, x.shape, dtype=dtype)
     backend.call(backend.xp.copyto, out, g_array.reshape(reduced), casting="same_kind")
+    if mean:
+        count = math.prod(x.shape[i] for i in axes)
+        backend.call(backend.xp.multiply, out, 1.0 / max(count, 1), out=out, casting="same_kind")
     return out
 
 
@@ -203,10 +213,4 @@ def vjp_sum(g: Any, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 def vjp_mean(g: Any, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """Cotangent of ``mean(x, axis, keepdims)``: ``g / n`` broadcast to ``x``'s shape, where
     ``n`` is the number of elements averaged."""
-    out = _reduction_cotangent(g, x, axis, keepdims, "vjp_mean")
-    if isinstance(out, GPUScalar):
-        return out
-    count = math.prod(x.shape[i] for i in _axes(x, axis))
-    backend = backend_of(out)
-    backend.call(backend.xp.multiply, out, 1.0 / max(count, 1), out=out, casting="same_kind")
-    return out
+    return _reduction_cotangent(g, x, axis, keepdims, "vjp_mean", mean=True)

@@ -260,6 +260,45 @@ class CudaSeam:
         if graph:
             runtime.graphDestroy(graph)
 
+    # ---- conditional graph nodes (gpuscalar.cuda.control) ----------------------------------
+
+    def conditional_nodes_unavailable(self) -> str | None:
+        """Why `gs.while_loop`/`gs.cond` cannot record CUDA conditional nodes here (None: they
+        can): conditional nodes need a driver for CUDA 12.3+ and NVIDIA's ``cuda-bindings``."""
+        version = int(self._cupy().cuda.runtime.driverGetVersion())
+        if version < 12030:
+            return f"the CUDA driver supports CUDA {version // 1000}.{version % 1000 // 10}, < 12.3"
+        try:
+            import cuda.bindings.runtime  # noqa: F401, PLC0415 - optional (the cuda12/13 extras)
+        except ImportError:
+            return "cuda-bindings is not installed (pip install gpuscalar[cuda12] or [cuda13])"
+        return None
+
+    def conditional_handle(self, stream: Any) -> int:
+        """A new conditional handle in the graph that ``stream`` (capturing) records."""
+        from .cuda import control  # noqa: PLC0415 - cuda-bindings: only for conditional nodes
+
+        return control.conditional_handle(stream.ptr)
+
+    def add_conditional_node(self, stream: Any, handle: int, kind: str) -> Any:
+        """Append a ``kind`` ("while" or "if") conditional node for ``handle`` to what
+        ``stream`` records; returns the node's (empty) body graph."""
+        from .cuda import control  # noqa: PLC0415 - as above
+
+        return control.add_conditional_node(stream.ptr, handle, kind)
+
+    def begin_capture_into(self, stream: Any, graph: Any) -> None:
+        """Start recording ``stream``'s work into ``graph`` (a conditional node's body)."""
+        from .cuda import control  # noqa: PLC0415 - as above
+
+        control.begin_capture_into(stream.ptr, graph)
+
+    def end_capture_into(self, stream: Any) -> None:
+        """End the recording `begin_capture_into` started."""
+        from .cuda import control  # noqa: PLC0415 - as above
+
+        control.end_capture_into(stream.ptr)
+
     # Streams themselves (``begin_capture``, ``end_capture``, ``record``, ``wait_event``,
     # ``synchronize``, ``is_capturing``) and graphs (``upload``, ``launch``) are CuPy objects the
     # seam hands out; a double hands out its own.
@@ -274,7 +313,8 @@ class CupyBackend(Backend):
         self.seam: CudaSeam = CudaSeam()
         #: what was made through a seam and must not outlive it (compiled kernels, device
         #: constants, cuBLAS handles): emptied while another seam stands, refilled after
-        self._seam_caches: list[dict[Any, Any]] = [self.__dict__.setdefault("_kernels", {})]
+        self._kernels: dict[tuple[str, str], Any] = {}
+        self._seam_caches: list[dict[Any, Any]] = [self._kernels]
 
     # `call` is `Backend.call` (the real seam's ``launch`` is the plain call it makes, so the
     # hot path costs nothing extra); `seam_replaced` installs `_call_through_seam` instead.
@@ -323,9 +363,11 @@ class CupyBackend(Backend):
     @property
     def xp(self) -> ModuleType:
         module = sys.modules.get("cupy")
-        if module is None:
-            import cupy as module  # noqa: PLC0415 - only when CuPy is explicitly asked for
-        return module
+        if module is not None:
+            return module
+        import cupy  # noqa: PLC0415 - only when CuPy is explicitly asked for
+
+        return cupy
 
     def owns(self, value: object) -> bool:
         cupy = sys.modules.get("cupy")

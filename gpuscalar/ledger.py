@@ -31,6 +31,8 @@ __all__ = [
     "inside_device_op",
     "graph_body",
     "in_graph_body",
+    "loop_body",
+    "in_loop_body",
     "note_graph_replay",
     "graph_replays",
     "note_recording",
@@ -231,6 +233,29 @@ def graph_body() -> Iterator[None]:
 def in_graph_body() -> bool:
     """Whether the caller runs inside `graph_body` (a step being recorded or replayed)."""
     return _in_graph_body.get()
+
+
+# ---- loop bodies: evaluations not cached on scalars ----------------------------------------------
+
+_in_loop_body: ContextVar[bool] = ContextVar("gpuscalar_in_loop_body", default=False)
+
+
+@contextlib.contextmanager
+def loop_body() -> Iterator[None]:
+    """Mark the block as a `gs.while_loop`/`gs.cond` body (or predicate). A pending GPUScalar
+    evaluated there is a recipe evaluated where it is used, from its inputs' current values at
+    each iteration (what recording gives on a GPU): the result is not cached on the scalar
+    (`scalar._materialize`), which stays pending. `gs.capture` refuses to start there."""
+    token = _in_loop_body.set(True)
+    try:
+        yield
+    finally:
+        _in_loop_body.reset(token)
+
+
+def in_loop_body() -> bool:
+    """Whether the caller runs inside `loop_body` (a device loop's or branch's body)."""
+    return _in_loop_body.get()
 
 
 def note_graph_replay() -> None:

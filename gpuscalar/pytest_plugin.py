@@ -74,15 +74,18 @@ def _max_syncs(item: pytest.Item) -> int | None:
         return None
     args, kwargs = marker.args, marker.kwargs
     if len(args) + len(kwargs) != 1 or (kwargs and "n" not in kwargs):
+        given = [sync.describe(a) for a in args]  # (never a device value: that is a sync)
+        given += [f"{key}={sync.describe(value)}" for key, value in kwargs.items()]
         raise TypeError(
             "@pytest.mark.max_syncs takes exactly one argument, the limit n; "
-            f"got args={args!r} kwargs={kwargs!r}"
+            f"got max_syncs({', '.join(given)})"
         )
     limit = marker.args[0] if marker.args else marker.kwargs["n"]
     if type(limit) is not int:
-        raise TypeError(
-            f"@pytest.mark.max_syncs(n) takes an int, got {type(limit).__name__} {limit!r}"
-        )
+        shown = sync.describe(limit)  # (never the value of a device scalar: a sync)
+        if not shown.startswith(("a ", "an ")):
+            shown = f"{type(limit).__name__} {shown}"
+        raise TypeError(f"@pytest.mark.max_syncs(n) takes an int, got {shown}")
     if limit < 0:
         raise ValueError(f"@pytest.mark.max_syncs(n) takes n >= 0, got {limit}")
     return limit

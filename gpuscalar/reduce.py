@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal, Protocol, cast, overload
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
@@ -75,7 +75,32 @@ def _result(backend: Backend, value: Any) -> Any:
     return value
 
 
-def _reduction(name: str, *, has_dtype: bool = True) -> Any:
+class _Reduction(Protocol):
+    """The signature of `sum`, `mean`, ... as type checkers see it: with the defaults
+    (``axis=None``, ``keepdims=False``) the result is 0-d, so a `GPUScalar`; with an axis or
+    kept dimensions it is an array or a GPUScalar depending on the input's shape (``Any``)."""
+
+    @overload
+    def __call__(
+        self, x: Any, axis: None = None, dtype: Any = None, keepdims: Literal[False] = False
+    ) -> GPUScalar: ...
+    @overload
+    def __call__(self, x: Any, axis: Any = None, dtype: Any = None, keepdims: bool = False
+                 ) -> Any: ...
+
+
+class _Moment(Protocol):
+    """`var` and `std` as type checkers see them (see `_Reduction`)."""
+
+    @overload
+    def __call__(self, x: Any, axis: None = None, dtype: Any = None, ddof: int = 0,
+                 keepdims: Literal[False] = False) -> GPUScalar: ...
+    @overload
+    def __call__(self, x: Any, axis: Any = None, dtype: Any = None, ddof: int = 0,
+                 keepdims: bool = False) -> Any: ...
+
+
+def _reduction(name: str, *, has_dtype: bool = True) -> _Reduction:
     def reduction(x: Any, axis: Any = None, dtype: Any = None, keepdims: bool = False) -> Any:
         backend, array = _operand(x, name)
         kwargs: dict[str, Any] = {"axis": axis, "keepdims": keepdims}
@@ -89,7 +114,7 @@ def _reduction(name: str, *, has_dtype: bool = True) -> Any:
     reduction.__doc__ = (
         f"Device ``{name}`` with NumPy's axis/dtype/keepdims; a 0-d result is a GPUScalar."
     )
-    return reduction
+    return cast(_Reduction, reduction)  # `_result` makes every 0-d result a GPUScalar
 
 
 sum = _reduction("sum")  # noqa: A001 - mirrors NumPy's names on purpose
@@ -101,24 +126,32 @@ any = _reduction("any", has_dtype=False)  # noqa: A001
 all = _reduction("all", has_dtype=False)  # noqa: A001
 
 
-def var(x: Any, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> Any:
-    """Device variance (NumPy's ``ddof``); a 0-d result is a GPUScalar."""
-    backend, array = _operand(x, "var")
-    return _result(
-        backend,
-        backend.call(backend.xp.var, array, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims),
-    )
+def _moment(name: str, what: str) -> _Moment:
+    def moment(
+        x: Any, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False
+    ) -> Any:
+        backend, array = _operand(x, name)
+        return _result(
+            backend,
+            backend.call(
+                getattr(backend.xp, name), array, axis=axis, dtype=dtype, ddof=ddof,
+                keepdims=keepdims,
+            ),
+        )
+
+    moment.__name__ = moment.__qualname__ = name
+    moment.__doc__ = f"Device {what} (NumPy's ``ddof``); a 0-d result is a GPUScalar."
+    return cast(_Moment, moment)  # `_result` makes every 0-d result a GPUScalar
 
 
-def std(x: Any, axis: Any = None, dtype: Any = None, ddof: int = 0, keepdims: bool = False) -> Any:
-    """Device standard deviation (NumPy's ``ddof``); a 0-d result is a GPUScalar."""
-    backend, array = _operand(x, "std")
-    return _result(
-        backend,
-        backend.call(backend.xp.std, array, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims),
-    )
+var = _moment("var", "variance")
+std = _moment("std", "standard deviation")
 
 
+@overload
+def count_nonzero(x: Any, axis: None = None, keepdims: Literal[False] = False) -> GPUScalar: ...
+@overload
+def count_nonzero(x: Any, axis: Any = None, keepdims: bool = False) -> Any: ...
 def count_nonzero(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """Number of non-zero elements; a 0-d result is an integer GPUScalar (NumPy returns a
     Python int here, which on a GPU would be a sync).
@@ -136,6 +169,11 @@ def count_nonzero(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return (_array_of(counted) if isinstance(counted, GPUScalar) else counted).reshape(kept)
 
 
+@overload
+def norm(x: Any, ord: float = 2, axis: None = None, keepdims: Literal[False] = False
+         ) -> GPUScalar: ...
+@overload
+def norm(x: Any, ord: float = 2, axis: Any = None, keepdims: bool = False) -> Any: ...
 def norm(x: Any, ord: float = 2, axis: Any = None, keepdims: bool = False) -> Any:
     """Vector ``ord``-norm on the device (``numpy.linalg.vector_norm`` semantics: with
     ``axis=None`` the array is treated as one flat vector, whatever its shape)."""
@@ -171,6 +209,10 @@ def vdot(a: Any, b: Any) -> GPUScalar:
     return _result(backend, backend.call(backend.xp.vdot, array_a, array_b))
 
 
+@overload
+def logsumexp(x: Any, axis: None = None, keepdims: Literal[False] = False) -> GPUScalar: ...
+@overload
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any: ...
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """``log(sum(exp(x)))`` computed stably: the maximum is subtracted first, so large inputs
     do not overflow (and all ``-inf`` inputs give ``-inf``)."""

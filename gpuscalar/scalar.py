@@ -7,14 +7,18 @@ value, and only synchronizes when Python truly needs the host value (`float(s)`,
 formatting, ...): once, through `sync.to_host`, cached afterwards.
 
 By default its operations are *lazy*: an operation on GPUScalars and Python numbers records a node
-(`gpuscalar.expr`) whose dtype `promote` decides at once, and launches nothing; the expression is
-evaluated where it is consumed, in one kernel or folded into the consuming array kernel
-(`gpuscalar.fusion`). ``gs.lazy(False)`` / ``GPUSCALAR_LAZY=0`` give the eager behaviour, one
-backend call per operation, with the same numbers.
+(`gpuscalar.lazy.expr.Node`, built by `expr.make_node` only) whose dtype `promote` decides at
+once, and launches nothing; the expression is evaluated where it is consumed, by the executor of
+the scalar's backend (`gpuscalar.lazy.fusion.executor_for`, chosen once per backend and held by
+the scalar's class): in one kernel, or folded into the consuming array kernel.
+``gs.lazy(False)`` / ``GPUSCALAR_LAZY=0`` give the eager behaviour, one backend call per
+operation, with the same numbers.
 
 Operators are generated from the tables below (thin dunders, the logic in `apply_ufunc`,
-`_binary` and `_lazy_ufunc`); promotion decisions come from `promote`. The helpers
-(``gs.minimum``, ...) and NumPy ufuncs called on a GPUScalar take the operators' generated hot
+`_binary` and `_lazy_ufunc`); their static types are declared beside them (a test keeps both
+equal). Promotion decisions come from `promote`; an array operation's decision is cached per
+operand kinds (`_ARRAY_CALLS`). The helpers (``gs.minimum``, ..., in `gpuscalar.math`, which
+builds on this module) and NumPy ufuncs called on a GPUScalar take the operators' generated hot
 paths (`_call_fast`), and ``where`` and ``round`` have hot paths of their own: recording a node
 must cost far less than the ~10 us launch it saves. All internal access to the wrapped array goes
 through `_array_of`, which materializes a pending expression.
@@ -31,14 +35,16 @@ from __future__ import annotations
 import numbers
 import sys
 import threading
+from collections.abc import Callable
 from operator import index as operator_index
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
 from . import ledger, promote, sync
-from .backend import CUPY, NUMPY, Backend, backend_of, get_backend
+from .backend import NUMPY, Backend, backend_of, get_backend
 from .lazy import expr, fusion
+from .lazy.expr import Node, make_node
 
 __all__ = [
     "GPUScalar",
@@ -48,7 +54,6 @@ __all__ = [
     "BINARY_OPERATORS",
     "COMPARISON_OPERATORS",
     "UNARY_OPERATORS",
-    "MATH_FUNCTIONS",
 ]
 
 #: dunder stem -> ufunc name, for binary operators with a reflected form.
@@ -89,35 +94,42 @@ UNARY_OPERATORS: dict[str, str] = {
     "trunc": "trunc",
 }
 
-#: public helper name -> ufunc name (gs.sqrt, gs.exp, ...).
-MATH_FUNCTIONS: dict[str, str] = {
-    "sqrt": "sqrt",
-    "exp": "exp",
-    "log": "log",
-    "log1p": "log1p",
-    "expm1": "expm1",
-    "abs": "absolute",
-    "sign": "sign",
-    "minimum": "minimum",
-    "maximum": "maximum",
-    "isfinite": "isfinite",
-    "isnan": "isnan",
-    "isinf": "isinf",
-    "sin": "sin",
-    "cos": "cos",
-    "tan": "tan",
-    "tanh": "tanh",
-    "arctan2": "arctan2",
-    "hypot": "hypot",
-    "floor": "floor",
-    "ceil": "ceil",
-    "log2": "log2",
-    "log10": "log10",
-    "exp2": "exp2",
-    "power": "power",
-}
-
 lazy = expr.lazy
+
+
+class _Binary(Protocol):
+    """A binary operator's static type: a GPUScalar with a GPUScalar or a Python number; an
+    array (not known statically) with anything else."""
+
+    @overload
+    def __call__(self, other: GPUScalar | float, /) -> GPUScalar: ...
+    @overload
+    def __call__(self, other: Any, /) -> Any: ...
+
+
+class _Divmod(Protocol):
+    @overload
+    def __call__(self, other: GPUScalar | float, /) -> tuple[GPUScalar, GPUScalar]: ...
+    @overload
+    def __call__(self, other: Any, /) -> Any: ...
+
+
+class _Unary(Protocol):
+    def __call__(self) -> GPUScalar: ...
+
+
+#: What GPUScalar's NumPy and CuPy hooks dispatch to in `gpuscalar.math` (which builds on this
+#: module, so this one cannot import it): ``clip_call`` (``np.clip(s, ...)``, ``s.clip``) and
+#: ``route_cupy_kernel`` (CuPy kernels that are no NumPy ufunc). Set by `register_math_hooks`
+#: when gpuscalar.math is imported, which importing gpuscalar does.
+_math_hooks: dict[str, Callable[..., Any]] = {}
+
+
+def register_math_hooks(*, clip_call: Callable[..., Any],
+                        route_cupy_kernel: Callable[..., Any]) -> None:
+    """Install `gpuscalar.math`'s functions behind GPUScalar's NumPy and CuPy hooks."""
+    _math_hooks.update(clip_call=clip_call, route_cupy_kernel=route_cupy_kernel)
+
 
 class GPUScalar:
     """A 0-d device value that behaves like a Python number and syncs only when read.
@@ -136,7 +148,14 @@ class GPUScalar:
     # _node is dropped, so a reader that finds no node finds the array, and one that still
     # finds the node computes the same value from it.
     __slots__ = ("_array", "_node", "_dtype", "_device", "_used", "_host")
+    _array: Any
+    _node: Node | None
+    _dtype: np.dtype
+    _device: object
+    _used: bool
+    _host: Any
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
+    _executor: fusion.Executor  # the backend's evaluator of pending expressions (idem)
     __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
     __hash__ = None  # type: ignore[assignment]
 
@@ -190,6 +209,46 @@ class GPUScalar:
     shape = ()
     ndim = 0
     size = 1
+
+    if TYPE_CHECKING:  # the operators installed from the tables below; a test keeps both equal
+        __add__: _Binary
+        __radd__: _Binary
+        __sub__: _Binary
+        __rsub__: _Binary
+        __mul__: _Binary
+        __rmul__: _Binary
+        __truediv__: _Binary
+        __rtruediv__: _Binary
+        __floordiv__: _Binary
+        __rfloordiv__: _Binary
+        __mod__: _Binary
+        __rmod__: _Binary
+        __rpow__: _Binary
+        __divmod__: _Divmod
+        __rdivmod__: _Divmod
+        __and__: _Binary
+        __rand__: _Binary
+        __or__: _Binary
+        __ror__: _Binary
+        __xor__: _Binary
+        __rxor__: _Binary
+        __lshift__: _Binary
+        __rlshift__: _Binary
+        __rshift__: _Binary
+        __rrshift__: _Binary
+        __lt__: _Binary
+        __le__: _Binary
+        __eq__: _Binary  # device-valued, as NumPy's
+        __ne__: _Binary
+        __gt__: _Binary
+        __ge__: _Binary
+        __neg__: _Unary
+        __pos__: _Unary
+        __abs__: _Unary
+        __invert__: _Unary
+        __floor__: _Unary
+        __ceil__: _Unary
+        __trunc__: _Unary
 
     # ---- host reads: each at most one counted transfer, then cached ----------------------
     def _host_value(self, reason: str) -> Any:
@@ -295,7 +354,7 @@ class GPUScalar:
     def clip(self, min: Any = None, max: Any = None, out: Any = None) -> Any:  # noqa: A002
         """``np.clip(s, lo, hi)`` and ``cupy.clip(s, lo, hi)`` (which call this method): as
         `gpuscalar.clip` (a GPUScalar; an array where a bound is one), no sync."""
-        return clip_call(self, min, max, out=out)
+        return _math_hooks["clip_call"](self, min, max, out=out)
 
     def conjugate(self) -> GPUScalar:
         """The complex conjugate (the scalar itself for a real dtype), a GPUScalar; no sync."""
@@ -312,7 +371,8 @@ class GPUScalar:
         if method != "__call__":
             return NotImplemented
         if ufunc.__name__ == "clip" and getattr(np, "clip", None) is not ufunc:
-            return clip_call(*inputs, **kwargs)  # np.clip / x.clip: no NumPy ufunc by name
+            # np.clip / x.clip: no NumPy ufunc by name
+            return _math_hooks["clip_call"](*inputs, **kwargs)
         return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
 
     def __cupy_override_elementwise_kernel__(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
@@ -322,9 +382,9 @@ class GPUScalar:
         A CuPy ufunc that is a NumPy ufunc goes through the promotion rules like a NumPy ufunc;
         its outputs may come positionally (CuPy's in-place operators call ``_add(x, s, x)``),
         and are then ``out=``, with NumPy's ``same_kind`` check. ``where`` and ``clip`` keep
-        the parity rule (`_route_cupy_kernel`); any other elementwise kernel (``copyto``'s
-        copy, ``fill``, a user kernel) receives each GPUScalar as its 0-d device array, which
-        the kernel reads on the device: no sync.
+        the parity rule (`gpuscalar.math._route_cupy_kernel`); any other elementwise kernel
+        (``copyto``'s copy, ``fill``, a user kernel) receives each GPUScalar as its 0-d device
+        array, which the kernel reads on the device: no sync.
         """
         ufunc_name = self._backend.elementwise_ufunc_name(kernel)
         if ufunc_name is not None and isinstance(getattr(np, ufunc_name, None), np.ufunc):
@@ -339,8 +399,12 @@ class GPUScalar:
             if any(type(o) in _SCALAR_CLASSES for o in (out if type(out) is tuple else (out,))):
                 raise TypeError(f"GPUScalars are immutable: one cannot be the output of "
                                 f"{kernel.name}")
+            if len(kwargs) == (out is not None):  # no keyword but out=: the cached decision
+                result = _array_call(ufunc_name, args, out)
+                if result is not _MISSING:
+                    return result
             return apply_ufunc(ufunc_name, *args, **kwargs)
-        return _route_cupy_kernel(self._backend, kernel, ufunc_name, args, kwargs)
+        return _math_hooks["route_cupy_kernel"](self._backend, kernel, ufunc_name, args, kwargs)
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
         decimals = 0 if ndigits is None else operator_index(ndigits)
@@ -351,18 +415,20 @@ class GPUScalar:
             if found is not None:
                 op, key = found
                 child = _child(self)
-                size = 1
-                if type(child) is tuple:
-                    structure = (op.id, child[0])
-                    key = expr.find_key(structure)
-                    if key is None:
-                        key = expr.intern_key(structure)
-                    size += child[1]
-                return _pending(self._backend, (key, size, op, child), self._dtype,
-                                self._device)
+                if type(child) is Node:
+                    key, size = child.key, child.size + 1
+                else:
+                    size = 1
+                return _pending(self._backend, make_node(op, (child,), (key,), size),
+                                self._dtype, self._device)
         backend = self._backend
         result = backend.call(backend.xp.round, _array_of(self), decimals)
         return _wrap(backend, result)
+
+    @overload
+    def __pow__(self, other: GPUScalar | float, modulo: None = None) -> GPUScalar: ...
+    @overload
+    def __pow__(self, other: Any, modulo: Any = None) -> Any: ...
 
     def __pow__(self, other: Any, modulo: Any = None) -> Any:
         if modulo is not None:
@@ -370,7 +436,7 @@ class GPUScalar:
         return _binary(self, other, "power", False)
 
 
-#: (dtype, decimals) -> (the round op, the key of round(leaf)), or None where rounding runs
+#: (dtype, decimals) -> (the round op, the key of a leaf of that dtype), or None where rounding runs
 #: eagerly (bool; integers to negative decimals, which NumPy computes through floats)
 _ROUND_OPS: dict[tuple[np.dtype, int], Any] = {}
 
@@ -379,7 +445,7 @@ def _resolve_round(dtype: np.dtype, decimals: int) -> Any:
     found = None
     if dtype.kind in "fc" or (dtype.kind in "iu" and decimals >= 0):
         op = expr.get_op("round", "round", (dtype,), (dtype,), 0, decimals)
-        found = (op, expr.intern_key((op.id, expr.leaf_key(dtype))))
+        found = (op, expr.leaf_key(dtype))
     _ROUND_OPS[(dtype, decimals)] = found
     return found
 
@@ -434,8 +500,9 @@ def _classes_for(backend: Backend) -> dict[str, type]:
         classes = backend.__dict__.get("_scalar_classes")
         if classes is not None:
             return classes
-        namespace: dict[str, Any] = {"__slots__": (), "_backend": backend}
-        if backend is CUPY:
+        executor = fusion.executor_for(backend)
+        namespace: dict[str, Any] = {"__slots__": (), "_backend": backend, "_executor": executor}
+        if executor.defers_to_reflected:
             namespace["__array_ufunc__"] = _DeferToReflected(GPUScalar.__array_ufunc__)
         real = type("GPUScalar", (_RealGPUScalar,), dict(namespace))
         complex_ = type("GPUScalar", (GPUScalar,), dict(namespace))
@@ -465,7 +532,7 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
     return scalar
 
 
-def _pending(backend: Backend, node: tuple, dtype: np.dtype, device: object) -> GPUScalar:
+def _pending(backend: Backend, node: Node, dtype: np.dtype, device: object) -> GPUScalar:
     """A GPUScalar holding the expression ``node`` (materialized at once past the size bound)."""
     classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
     scalar = object.__new__(classes[dtype.kind])
@@ -474,7 +541,7 @@ def _pending(backend: Backend, node: tuple, dtype: np.dtype, device: object) -> 
     scalar._dtype = dtype
     scalar._device = device
     scalar._used = False
-    if node[1] > expr.MAX_NODES:
+    if node.size > expr.MAX_NODES:
         _materialize(scalar)
     return scalar
 
@@ -485,7 +552,7 @@ def _child(scalar: GPUScalar) -> Any:
     node = scalar._node
     if node is None:
         return scalar._array
-    if scalar._used and node[1] > expr.KEEP_NODES:
+    if scalar._used and node.size > expr.KEEP_NODES:
         return _materialize(scalar)
     scalar._used = True
     return node
@@ -503,16 +570,18 @@ def _materialize(scalar: GPUScalar) -> Any:
     node = scalar._node
     if node is None:  # materialized meanwhile by another thread
         return scalar._array
-    array = fusion.materialize(scalar._backend, node, scalar._device)
+    array = scalar._executor.materialize(node, scalar._device)
     published = scalar._array
     if published is not None:  # another thread's evaluation of the same node won
         return published
+    if ledger.in_loop_body():  # a recipe, evaluated afresh each iteration: not cached
+        return array
     scalar._array = array  # the publication: one store
     scalar._node = None  # then drop the tree (memory only)
     return array
 
 
-def _node_of(scalar: GPUScalar) -> tuple | None:
+def _node_of(scalar: GPUScalar) -> Node | None:
     """A pending GPUScalar's expression (for consumers that compute it themselves), else None."""
     return scalar._node
 
@@ -573,9 +642,10 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
         other = right
     elif kind in _SCALAR_CLASSES and kind._backend is backend and right._device == left._device:
         other = None
-    else:
+    else:  # an array (``lr_expr * g``: the fold, straight to its cached decision) or other
         operands = (right, left) if reflected else (left, right)
-        return apply_ufunc(name, *operands)
+        result = _array_call(name, operands, None)
+        return apply_ufunc(name, *operands) if result is _MISSING else result
     if expr.is_lazy():
         operands = (right, left) if reflected else (left, right)
         result = _lazy_ufunc(backend, name, operands, left.device)
@@ -621,8 +691,8 @@ def _resolve_lazy_loop(name: str, kinds: tuple[Any, ...]) -> Any:
                     for k in range(len(out_dtypes)))
         keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else expr.const_key(dtype)
                      for kind, dtype in zip(kinds, in_dtypes, strict=True))
-        found = (tuple((op, op.id, op.dtype, op.dtype.kind) for op in ops), in_dtypes, keys)
-    _LAZY_LOOPS[(name, *kinds)] = found
+        found = (tuple((op, op.dtype) for op in ops), in_dtypes, keys)
+    _LAZY_LOOPS[(name,) + kinds] = found
     return found
 
 
@@ -670,27 +740,13 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
                 return None
     for i in scalars:
         children[i] = child = _child(operands[i])
-        if type(child) is tuple:
-            keys[i] = child[0]
-            size += child[1]
-    classes = backend.__dict__.get("_scalar_classes") or _classes_for(backend)
-    find_key, new = expr.find_key, object.__new__
-    results = []
-    for op, op_id, dtype, kind in outputs:
-        structure = (op_id, *keys)
-        key = find_key(structure)
-        if key is None:
-            key = expr.intern_key(structure)
-        scalar = new(classes[kind])
-        scalar._array = None
-        scalar._node = (key, size, op, *children)
-        scalar._dtype = dtype
-        scalar._device = device
-        scalar._used = False
-        if size > expr.MAX_NODES:
-            _materialize(scalar)
-        results.append(scalar)
-    return results[0] if len(results) == 1 else tuple(results)
+        if type(child) is Node:
+            keys[i] = child.key
+            size += child.size
+    children_, keys_ = tuple(children), tuple(keys)
+    results = tuple(_pending(backend, make_node(op, children_, keys_, size), dtype, device)
+                    for op, dtype in outputs)
+    return results[0] if len(results) == 1 else results
 
 
 #: A Python int beyond +-2**53 is left to NumPy, eagerly: NumPy converts such an int to a float
@@ -737,21 +793,30 @@ def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
     if scalar_backend is None:
         raise TypeError("apply_ufunc needs at least one GPUScalar operand")
     if array_backend is None or array_backend is scalar_backend:
-        backend = scalar_backend
-        if backend.multi_device:
-            devices = {
-                op.device if type(op) in _SCALAR_CLASSES else backend.device_of(op)
-                for op in operands
-                if type(op) in _SCALAR_CLASSES or backend_of(op) is backend
-            }
-            if len(devices) > 1:
-                labels = " and ".join(_operand_label(op) for op in operands)
-                raise ValueError(f"operands are on different devices: {labels}")
-        return backend, array_backend is not None
+        if scalar_backend.multi_device:
+            _check_devices(scalar_backend, operands)
+        return scalar_backend, array_backend is not None
     if array_backend is NUMPY:
         return NUMPY, True  # rule 4: a device scalar meets a host array
     _raise_incompatible(operands)
     raise AssertionError("unreachable")
+
+
+def _check_devices(backend: Backend, operands: tuple[Any, ...]) -> None:
+    """Rule 5 for one multi-device backend: every GPUScalar and array on one device."""
+    device = _MISSING
+    for op in operands:
+        if type(op) in _SCALAR_CLASSES:
+            here = op._device
+        elif backend.owns(op):
+            here = backend.device_of(op)
+        else:
+            continue
+        if device is _MISSING:
+            device = here
+        elif here != device:
+            labels = " and ".join(_operand_label(op) for op in operands)
+            raise ValueError(f"operands are on different devices: {labels}")
 
 
 def _raise_incompatible(operands: tuple[Any, ...]) -> None:
@@ -780,7 +845,15 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
     expression when lazy). A device GPUScalar meeting a host NumPy array is read first (rule 4,
     one counted sync); operands on backends or devices that cannot meet raise (rule 5). A
     pending GPUScalar operand of an array operation is computed inside that operation's kernel.
+
+    An array operation without keywords but ``out=`` (``lr_expr * g``, ``x += s``) takes
+    `_array_call`: its decision is cached per operand kinds, so a repeated one is a dict lookup
+    and the launch.
     """
+    if not kwargs or (len(kwargs) == 1 and "out" in kwargs):
+        result = _array_call(name, operands, kwargs.get("out"))
+        if result is not _MISSING:
+            return result
     found = _common_backend(operands)
     if found is None:
         return NotImplemented
@@ -800,15 +873,9 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             return tuple(_wrap(backend, r) for r in result)
         return _wrap(backend, result)
 
-    args, stand_ins, pending = [], [], {}
-    for position, op in enumerate(operands):
-        if type(op) in _SCALAR_CLASSES:
-            if op._backend is not backend:
-                op = op._host_value("host operand")  # rule 4: a device value meets a host array
-            elif (node := op._node) is not None:  # read once: another thread may materialize op
-                pending[position] = (op, node)
-        args.append(op._array if type(op) in _SCALAR_CLASSES else op)
-        stand_ins.append(_stand_in(op))
+    operands = tuple(op._host_value("host operand")  # rule 4: a device value meets a host array
+                     if type(op) in _SCALAR_CLASSES and op._backend is not backend else op
+                     for op in operands)
     out = kwargs.get("out")
     if out is not None:
         out = out if isinstance(out, tuple) else (out,)
@@ -816,37 +883,136 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
             raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
         kwargs["out"] = out[0] if len(out) == 1 else out  # CuPy takes a single array
     if "dtype" not in kwargs and "signature" not in kwargs and "casting" not in kwargs:
-        signature = promote.parity_signature(name, tuple(stand_ins))
-        if out is not None:
-            promote.check_output_casting(name, signature, out)
-        # The loop is NumPy's own choice for x ⊕ s.item(); running it may narrow the GPUScalar
-        # (int64 -> int8, float64 -> float32) exactly as NumPy narrows the Python scalar.
-        kwargs["casting"] = "unsafe"
-        if backend.supports_signature:
-            kwargs["signature"] = signature
-        else:
-            dtype = promote.cupy_dtype_argument(signature)
-            if dtype is not None and fusion.dtype_pins_loop(name, dtype):
-                kwargs["dtype"] = dtype
+        kwargs.update(_loop_keywords(backend, name, tuple(map(_stand_in, operands)), out))
+    scalars = tuple(i for i, op in enumerate(operands) if type(op) in _SCALAR_CLASSES)
+    return _launch(backend, name, operands, kwargs, out, scalars)
+
+
+#: (ufunc name, each operand's type (and dtype, for GPUScalars and arrays), the output's type
+#: and dtype) -> (backend, the keywords that pin the parity loop, the GPUScalar operands'
+#: positions, the arrays'), for array operations whose operands all live on one backend:
+#: `apply_ufunc`'s decision, made once per kinds (values never enter it; devices are checked
+#: per call). Bounded by the kinds a program combines.
+_ARRAY_CALLS: dict[tuple[Any, ...], tuple[Backend, dict[str, Any], tuple[int, ...],
+                                          tuple[int, ...]]] = {}
+
+
+def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
+    """`apply_ufunc` for an array operation through `_ARRAY_CALLS`; `_MISSING` where the general
+    path decides (no array operand, rule 4, an unknown operand, several outputs, an error)."""
+    key: list[Any] = [name]
+    scalar_classes = _SCALAR_CLASSES
+    for op in operands:
+        kind = type(op)
+        key.append(kind)
+        if kind in scalar_classes:
+            key.append(op._dtype)
+        elif kind not in promote.PYTHON_SCALAR_TYPES:
+            dtype = getattr(op, "dtype", None)
+            if dtype is None:
+                return _MISSING
+            key.append(dtype)
+    if out is not None:
+        if type(out) is tuple:
+            if len(out) != 1:
+                return _MISSING
+            out = out[0]
+        if type(out) in scalar_classes or getattr(out, "dtype", None) is None:
+            return _MISSING
+        key += (_OUT, type(out), out.dtype)
+    found = _ARRAY_CALLS.get(tuple(key))
+    if found is None:
+        found = _decide_array_call(name, operands, out)
+        if found is None:
+            return _MISSING
+        _ARRAY_CALLS[tuple(key)] = found
+    backend, keywords, scalars, arrays = found
+    if backend.multi_device:  # rule 5, per call: one device
+        device, device_of = operands[scalars[0]]._device, backend.device_of
+        for i in scalars:
+            if operands[i]._device != device:
+                _check_devices(backend, operands)  # raises, naming both
+        for i in arrays:
+            if device_of(operands[i]) != device:
+                _check_devices(backend, operands)
+    if out is not None:
+        keywords = {**keywords, "out": out}
+    return _launch(backend, name, operands, keywords, None if out is None else (out,), scalars)
+
+
+_OUT = object()  # marks where an `_ARRAY_CALLS` key's output part begins
+
+
+def _decide_array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
+    """What `_array_call` caches: the backend and the loop keywords, or None where the general
+    path decides (no array operand; a GPUScalar of another backend, rule 4)."""
+    found = _common_backend(operands)
+    if found is None or not found[1]:
+        return None
+    backend = found[0]
+    if any(type(op) in _SCALAR_CLASSES and op._backend is not backend for op in operands):
+        return None
+    outs = None if out is None else (out,)
+    keywords = _loop_keywords(backend, name, tuple(map(_stand_in, operands)), outs)
+    scalars = tuple(i for i, op in enumerate(operands) if type(op) in _SCALAR_CLASSES)
+    arrays = tuple(i for i, op in enumerate(operands) if backend.owns(op))
+    return backend, keywords, scalars, arrays
+
+
+def _loop_keywords(backend: Backend, name: str, stand_ins: tuple[Any, ...],
+                   out: tuple[Any, ...] | None) -> dict[str, Any]:
+    """The keywords that make the backend run NumPy's loop for ``x ⊕ s.item()`` (rule 1):
+    ``signature=`` where the backend takes one, else CuPy's ``dtype=`` where it pins that
+    loop; ``casting="unsafe"``. The outputs keep NumPy's ``same_kind`` check."""
+    signature = promote.parity_signature(name, stand_ins)
+    if out is not None:
+        promote.check_output_casting(name, signature, out)
+    # The loop is NumPy's own choice for x ⊕ s.item(); running it may narrow the GPUScalar
+    # (int64 -> int8, float64 -> float32) exactly as NumPy narrows the Python scalar.
+    keywords: dict[str, Any] = {"casting": "unsafe"}
+    if backend.supports_signature:
+        keywords["signature"] = signature
+    else:
+        dtype = promote.cupy_dtype_argument(signature)
+        if dtype is not None and fusion.dtype_pins_loop(name, dtype):
+            keywords["dtype"] = dtype
+    return keywords
+
+
+def _launch(backend: Backend, name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
+            out: tuple[Any, ...] | None, scalars: tuple[int, ...]) -> Any:
+    """The array operation itself: the pending GPUScalar operands (at positions ``scalars``)
+    computed in its kernel (`_fused`), materialized ones passed as their 0-d arrays. Returns
+    the caller's output array(s) where ``out`` is given, as NumPy and CuPy do."""
+    args, pending = list(operands), {}
+    for position in scalars:
+        op = operands[position]
+        node = op._node  # read once: another thread may materialize op
+        if node is not None:
+            pending[position] = (op, node)
+        args[position] = op._array
     if pending:
         return _fused(backend, name, args, kwargs, pending)
     result = backend.call(backend.ufunc(name), *args, **kwargs)
-    if out is not None:  # the caller's own array(s), as NumPy and CuPy return them
+    if out is not None:
         return out[0] if len(out) == 1 else out
     return result
 
 
 def _fused(backend: Backend, name: str, args: list[Any], kwargs: dict[str, Any],
-           pending: dict[int, tuple[GPUScalar, tuple]]) -> Any:
+           pending: dict[int, tuple[GPUScalar, Node]]) -> Any:
     """An array ufunc computing its pending GPUScalar operands (``position -> (scalar, its
     node as read once)``) in its own kernel; one larger than `expr.KEEP_NODES` is stored by
     that kernel too (it is kept: no launch of its own), published as `_materialize` does."""
-    keep = frozenset(p for p, (_, node) in pending.items() if node[1] > expr.KEEP_NODES)
-    result, kept = fusion.fused_ufunc(
-        backend, name, args, kwargs, {p: node for p, (_, node) in pending.items()}, keep)
+    nodes, keep = {}, []
+    for position, (_, node) in pending.items():
+        nodes[position] = node
+        if node.size > expr.KEEP_NODES:
+            keep.append(position)
+    result, kept = fusion.fused_ufunc(backend, name, args, kwargs, nodes, frozenset(keep))
     for position, (scalar, _) in pending.items():
         if position in kept:
-            if scalar._array is None:  # else another thread published it first
+            if scalar._array is None and not ledger.in_loop_body():  # (as _materialize)
                 scalar._array, scalar._node = kept[position], None
         else:
             scalar._used = True
@@ -915,14 +1081,12 @@ def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
 
 def _python_default_dtype(value: Any, like_dtype: np.dtype | None) -> np.dtype:
     kind = type(value)
-    like_kind = None if like_dtype is None else like_dtype.kind
     if kind is bool:
         return np.dtype(bool)
-    if kind is int:
-        return like_dtype if like_kind in ("i", "u") else np.dtype(np.int64)
-    if kind is float:
-        return like_dtype if like_kind == "f" else np.dtype(np.float64)
-    return like_dtype if like_kind == "c" else np.dtype(np.complex128)
+    natural, like_kinds = ((np.dtype(np.int64), "iu") if kind is int else
+                           (np.dtype(np.float64), "f") if kind is float else
+                           (np.dtype(np.complex128), "c"))
+    return like_dtype if like_dtype is not None and like_dtype.kind in like_kinds else natural
 
 
 def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -> Any:
@@ -936,6 +1100,7 @@ def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -
     """
     if backend is NUMPY:
         return backend.call(np.asarray, value, dtype=dtype)
+    args: tuple[Any, ...]
     if backend.owns(value):  # a device array: converted (or moved) on the device
         make, args = backend.xp.asarray, (value,)
     else:
@@ -966,7 +1131,7 @@ def _make_unary(name: str) -> Any:
     return operator
 
 
-def _install_fast_operators(cls: type, backend: Backend) -> None:
+def _install_fast_operators(cls: Any, backend: Backend) -> None:
     """Give a real per-backend class dunders with the backend's ufuncs bound (the hot path).
 
     A real GPUScalar with a Python bool/int/float, or with a GPUScalar of the same class,
@@ -983,7 +1148,6 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     note_op = sync.note_device_op
     counting = ledger.counting  # ContextVar.get, inlined: counting costs nothing when idle
     is_lazy = expr.is_lazy
-    find_key, intern_key = expr.find_key, expr.intern_key
     leaf_keys = expr.LEAF_KEYS
     max_nodes, keep_nodes = expr.MAX_NODES, expr.KEEP_NODES
     new = object.__new__
@@ -991,7 +1155,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     def finish(result: Any) -> GPUScalar:
         if not out_ellipsis and type(result) is not np.ndarray and isinstance(result, np.generic):
             result = np.asarray(result)
-        scalar = new(cls)
+        scalar: GPUScalar = new(cls)
         scalar._array = result
         scalar._node = None
         scalar._dtype = result.dtype
@@ -1001,22 +1165,23 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
     def finish_pair(results: tuple[Any, Any]) -> tuple[GPUScalar, GPUScalar]:
         return finish(results[0]), finish(results[1])
 
-    def pending(self: GPUScalar, node: tuple, dtype: np.dtype) -> GPUScalar:
-        scalar = new(cls)
+    def pending(self: GPUScalar, node: Node, dtype: Any, size: int) -> GPUScalar:
+        """A GPUScalar of this class holding ``node`` (of ``size`` nodes)."""
+        scalar: GPUScalar = new(cls)
         scalar._array = None
         scalar._node = node
         scalar._dtype = dtype
         scalar._device = self._device
         scalar._used = False
-        if node[1] > max_nodes:
+        if size > max_nodes:
             _materialize(scalar)
         return scalar
 
     def make(name: str, reflected: bool) -> Any:
         ufunc = backend.ufunc(name)
-        # (own dtype, other's dtype or Python type) -> (op, op id, the other operand's loop
-        # type, own leaf key, the other's leaf or constant key, result dtype, add); for two
-        # results (divmod), op, op id and result dtype are pairs
+        # (own dtype, other's dtype or Python type) -> (op, the other operand's loop type, the
+        # other's leaf or constant key, result dtype, add); for two results (divmod), op and
+        # result dtype are pairs
         loops: dict[tuple[Any, Any], tuple[Any, ...]] = {}
         foldable = name in ("add", "subtract") and not reflected
         pair = getattr(np, name).nout == 2
@@ -1033,8 +1198,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 ops = tuple(expr.get_op("ufunc", name, signature[:2], signature[2:], k)
                             for k in range(2))
                 found = loops[(mine, other)] = (
-                    ops, (ops[0].id, ops[1].id), other_loop.type, expr.leaf_key(mine),
-                    other_key, signature[2:], None
+                    ops, other_loop.type, other_key, signature[2:], None
                 )
                 return found
             # x + c and x - c with a Python int in an integer loop are both recorded as one
@@ -1042,70 +1206,40 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
             add = None
             if foldable and other is int and op.dtype.kind in "iu":
                 add = expr.get_op("ufunc", "add", signature[:2], signature[2:])
-            found = loops[(mine, other)] = (
-                op, op.id, other_loop.type, expr.leaf_key(mine), other_key, op.out_dtypes[0], add
-            )
-            return found
+            single: tuple[Any, ...] = (op, other_loop.type, other_key, op.dtype, add)
+            loops[(mine, other)] = single
+            return single
 
-        def record(self: GPUScalar, op: expr.Op, op_id: int, dtype: np.dtype, other: Any,
-                   other_key: int, other_size: int) -> GPUScalar:
+        def record(self: GPUScalar, op: expr.Op, dtype: np.dtype, other: Any, other_key: int,
+                   other_size: int, op2: expr.Op | None = None,
+                   dtype2: np.dtype | None = None) -> Any:
             """The pending result of ``op`` on this scalar and ``other`` (a node, leaf or
-            constant of key ``other_key``): its structure key looked up, the node built."""
+            constant of key ``other_key``); with ``op2`` (divmod's second result) a pair of
+            nodes with the same children."""
             node = self._node
-            if node is not None and self._used and node[1] > keep_nodes:
+            if node is not None and self._used and node.size > keep_nodes:
                 _materialize(self)  # used again: keep it rather than compute it twice
                 node = None
             if node is None:
                 mine, mine_key, size = self._array, leaf_keys[self._dtype], 1 + other_size
             else:
                 self._used = True
-                mine, mine_key, size = node, node[0], node[1] + 1 + other_size
-            structure = (op_id, other_key, mine_key) if reflected else (op_id, mine_key, other_key)
-            key = find_key(structure)
-            if key is None:
-                key = intern_key(structure)
-            scalar = new(cls)
-            scalar._array = None
-            scalar._node = (key, size, op, other, mine) if reflected else (key, size, op, mine,
-                                                                          other)
-            scalar._dtype = dtype
-            scalar._device = self._device
-            scalar._used = False
-            if size > max_nodes:
-                _materialize(scalar)
-            return scalar
+                mine, mine_key, size = node, node.key, node.size + 1 + other_size
+            if reflected:
+                children, keys = (other, mine), (other_key, mine_key)
+            else:
+                children, keys = (mine, other), (mine_key, other_key)
+            result = pending(self, make_node(op, children, keys, size), dtype, size)
+            if op2 is None:
+                return result
+            return result, pending(self, make_node(op2, children, keys, size), dtype2, size)
 
-        def record_pair(self: GPUScalar, ops: tuple[expr.Op, expr.Op], op_ids: tuple[int, int],
+        def record_pair(self: GPUScalar, ops: tuple[expr.Op, expr.Op],
                         dtypes: tuple[np.dtype, np.dtype], other: Any, other_key: int,
                         other_size: int) -> tuple[GPUScalar, GPUScalar]:
-            """`record` for an op with two results (divmod): two nodes, same children."""
-            node = self._node
-            if node is not None and self._used and node[1] > keep_nodes:
-                _materialize(self)
-                node = None
-            if node is None:
-                mine, mine_key, size = self._array, leaf_keys[self._dtype], 1 + other_size
-            else:
-                self._used = True
-                mine, mine_key, size = node, node[0], node[1] + 1 + other_size
-            if reflected:
-                mine, other, mine_key, other_key = other, mine, other_key, mine_key
-            device = self._device
-            quotient, remainder = new(cls), new(cls)
-            for scalar, op, op_id, dtype in ((quotient, ops[0], op_ids[0], dtypes[0]),
-                                             (remainder, ops[1], op_ids[1], dtypes[1])):
-                structure = (op_id, mine_key, other_key)
-                key = find_key(structure)
-                if key is None:
-                    key = intern_key(structure)
-                scalar._array = None
-                scalar._node = (key, size, op, mine, other)
-                scalar._dtype = dtype
-                scalar._device = device
-                scalar._used = False
-                if size > max_nodes:
-                    _materialize(scalar)
-            return quotient, remainder
+            """`record` for an op with two results (divmod)."""
+            return record(self, ops[0], dtypes[0], other, other_key, other_size, ops[1],
+                          dtypes[1])
 
         build, done = (record_pair, finish_pair) if pair else (record, finish)
 
@@ -1116,21 +1250,21 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                     return _binary(self, other, name, reflected)  # rule 5: the device error
                 if is_lazy():  # both GPUScalars of this class
                     mine = self._dtype
-                    op, op_id, _, _, other_key, dtype, _ = (
+                    op, _, other_key, dtype, _ = (
                         loops.get((mine, other._dtype)) or resolve(mine, other._dtype))
                     if other._node is None:
-                        return build(self, op, op_id, dtype, other._array, other_key, 0)
+                        return build(self, op, dtype, other._array, other_key, 0)
                     other_child = _child(other)
                     if other._node is None:  # kept (materialized) now: a leaf
-                        return build(self, op, op_id, dtype, other_child, other_key, 0)
-                    return build(self, op, op_id, dtype, other_child, other_child[0],
-                                  other_child[1])
+                        return build(self, op, dtype, other_child, other_key, 0)
+                    return build(self, op, dtype, other_child, other_child.key,
+                                  other_child.size)
                 other = other._array if other._array is not None else _materialize(other)
             elif kind not in real_python_types:
                 return _binary(self, other, name, reflected)
             elif is_lazy():
                 mine = self._dtype
-                op, op_id, loop_type, _, other_key, dtype, add = (
+                op, loop_type, other_key, dtype, add = (
                     loops.get((mine, kind)) or resolve(mine, kind))
                 try:
                     if kind is int and not -_EXACT_INT <= other <= _EXACT_INT:
@@ -1144,13 +1278,18 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                     offset = other if op is add else -other
                     # fold into an add whose right operand is a constant (never a device
                     # leaf: reading one would be a hidden sync, and the key says "constant")
-                    if node is not None and node[2] is add and isinstance(node[4], np.generic) \
-                            and not (self._used and node[1] > keep_nodes):
-                        constant = _wrapped_int(offset + int(node[4]), dtype)
+                    if node is not None and node.op is add \
+                            and isinstance(node.children[1], np.generic) \
+                            and not (self._used and node.size > keep_nodes):
+                        first, previous = node.children
+                        constant = _wrapped_int(offset + int(previous), dtype)
                         self._used = True
-                        return pending(self, (*node[:4], constant), dtype)
-                    op, op_id, constant = add, add.id, _wrapped_int(offset, dtype)
-                return build(self, op, op_id, dtype, constant, other_key, 0)
+                        keys = (expr.child_key(first), other_key)
+                        size = node.size
+                        return pending(self, make_node(add, (first, constant), keys, size),
+                                       dtype, size)
+                    op, constant = add, _wrapped_int(offset, dtype)
+                return build(self, op, dtype, constant, other_key, 0)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
@@ -1164,27 +1303,23 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
 
     def make_unary(name: str) -> Any:
         ufunc = backend.ufunc(name)
-        ops: dict[np.dtype, tuple[Any, ...]] = {}  # own dtype -> (op, op id, leaf key, dtype)
+        ops: dict[np.dtype, tuple[Any, ...]] = {}  # own dtype -> (op, leaf key, dtype)
 
         def resolve(mine: np.dtype) -> tuple[Any, ...]:
             signature = promote.parity_signature(name, (mine,))
             op = expr.get_op("ufunc", name, signature[:1], signature[1:])
-            found = ops[mine] = (op, op.id, expr.leaf_key(mine), op.out_dtypes[0])
+            found = ops[mine] = (op, expr.leaf_key(mine), op.dtype)
             return found
 
         def operator(self: GPUScalar) -> Any:
             if is_lazy():
-                op, op_id, mine_key, dtype = ops.get(self._dtype) or resolve(self._dtype)
+                op, mine_key, dtype = ops.get(self._dtype) or resolve(self._dtype)
                 child = self._array if self._node is None else _child(self)
-                if type(child) is tuple:
-                    mine_key, size = child[0], child[1] + 1
+                if type(child) is Node:
+                    mine_key, size = child.key, child.size + 1
                 else:
                     size = 1
-                structure = (op_id, mine_key)
-                key = find_key(structure)
-                if key is None:
-                    key = intern_key(structure)
-                return pending(self, (key, size, op, child), dtype)
+                return pending(self, make_node(op, (child,), (mine_key,), size), dtype, size)
             mine_array = self._array if self._array is not None else _materialize(self)
             if counting():
                 note_op()
@@ -1199,7 +1334,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
         setattr(cls, method.__name__, method)
     # the helpers (gs.sqrt(s), gs.minimum(s, t), ...) take the same hot paths, and so do other
     # elementwise ufuncs called through __array_ufunc__ (made on first use: `_fast_function`)
-    helpers = {*UNARY_OPERATORS.values(), *MATH_FUNCTIONS.values()}
+    helpers = set(UNARY_OPERATORS.values())  # others are made on first use
     cls._fast_unary = {name: make_unary(name) for name in helpers
                        if getattr(np, name).nin == 1 and getattr(np, name).nout == 1}
     cls._fast_binary = {name: make(name, False) for name in helpers
@@ -1220,7 +1355,7 @@ def _install_fast_operators(cls: type, backend: Backend) -> None:
                 setattr(cls, method.__name__, method)
 
 
-def _fast_function(cls: type, key: Any, nin: int, reflected: bool) -> Any:
+def _fast_function(cls: Any, key: Any, nin: int, reflected: bool) -> Any:
     """The hot path of the real class ``cls`` for a ufunc (``key``: NumPy's name, or the NumPy
     ufunc itself) with ``nin`` operands (a GPUScalar first, or second when ``reflected``), made
     on first use; None where it has none: not NumPy's own elementwise ufunc of one output (two
@@ -1291,279 +1426,3 @@ def _install_operators() -> None:
 
 
 _install_operators()
-
-
-def _apply_math(name: str, *operands: Any) -> Any:
-    if len(operands) == 1 and type(operands[0]) in _SCALAR_CLASSES:
-        scalar = operands[0]
-        fast = type(scalar).__dict__.get("_fast_unary")
-        if fast is not None:
-            return fast[name](scalar)
-        backend = scalar._backend
-        if expr.is_lazy():
-            return _lazy_ufunc(backend, name, operands, scalar.device)
-        result = backend.call(backend.ufunc(name), _array_of(scalar), **backend.ufunc_array_kwargs)
-        return _wrap(backend, result)
-    if any(type(op) in _SCALAR_CLASSES for op in operands):
-        result = apply_ufunc(name, *operands)
-        if result is NotImplemented:
-            labels = ", ".join(_operand_label(op) for op in operands)
-            raise TypeError(f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {labels}")
-        return result
-    for op in operands:
-        backend = backend_of(op)
-        if backend is not None:
-            return backend.call(backend.ufunc(name), *operands)
-    for op in operands:
-        if type(op) not in promote.PYTHON_SCALAR_TYPES and not isinstance(op, np.generic):
-            raise TypeError(
-                f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {type(op).__name__}"
-            )
-    return apply_ufunc(name, asscalar(operands[0]), *operands[1:])
-
-
-def _make_math_function(public_name: str, ufunc_name: str) -> Any:
-    nin = getattr(np, ufunc_name).nin
-    fast_tables = _FAST_TABLES
-
-    def function(*operands: Any) -> Any:
-        if len(operands) != nin:
-            raise TypeError(
-                f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}"
-            )
-        if nin == 1:  # a real GPUScalar: its class's generated one-operand hot path
-            fast = getattr(type(operands[0]), "_fast_unary", None)
-            if fast is not None:
-                return fast[ufunc_name](operands[0])
-        elif len(operands) == 2:  # a real GPUScalar on either side: the operators' hot path
-            first, second = operands
-            tables = fast_tables.get(type(first))
-            if tables is not None:
-                result = tables[1][ufunc_name](first, second)
-            else:
-                tables = fast_tables.get(type(second))
-                result = _MISSING if tables is None else tables[2][ufunc_name](second, first)
-            if result is NotImplemented:
-                labels = ", ".join(_operand_label(op) for op in operands)
-                raise TypeError(
-                    f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}"
-                )
-            if result is not _MISSING:
-                return result
-        return _apply_math(ufunc_name, *operands)
-
-    function.__name__ = function.__qualname__ = public_name
-    function.__doc__ = (
-        f"Device ``{ufunc_name}``: a GPUScalar for scalar operands, an array for array operands "
-        "(parity dtype), never a sync."
-    )
-    return function
-
-
-sqrt = _make_math_function("sqrt", "sqrt")
-exp = _make_math_function("exp", "exp")
-log = _make_math_function("log", "log")
-log1p = _make_math_function("log1p", "log1p")
-expm1 = _make_math_function("expm1", "expm1")
-abs = _make_math_function("abs", "absolute")  # noqa: A001 - mirrors numpy/builtin name
-sign = _make_math_function("sign", "sign")
-minimum = _make_math_function("minimum", "minimum")
-maximum = _make_math_function("maximum", "maximum")
-isfinite = _make_math_function("isfinite", "isfinite")
-isnan = _make_math_function("isnan", "isnan")
-isinf = _make_math_function("isinf", "isinf")
-sin = _make_math_function("sin", "sin")
-cos = _make_math_function("cos", "cos")
-tan = _make_math_function("tan", "tan")
-tanh = _make_math_function("tanh", "tanh")
-arctan2 = _make_math_function("arctan2", "arctan2")
-hypot = _make_math_function("hypot", "hypot")
-floor = _make_math_function("floor", "floor")
-ceil = _make_math_function("ceil", "ceil")
-log2 = _make_math_function("log2", "log2")
-log10 = _make_math_function("log10", "log10")
-exp2 = _make_math_function("exp2", "exp2")
-power = _make_math_function("power", "power")
-
-
-def clip(x: Any, lower: Any, upper: Any) -> Any:
-    """``minimum(maximum(x, lower), upper)`` on the device (two ops); NaN propagates."""
-    return minimum(maximum(x, lower), upper)
-
-
-def where(condition: Any, x: Any, y: Any) -> Any:
-    """Device select. All-scalar operands give a GPUScalar; with an array operand, the array's
-    backend ``where`` with GPUScalar branches acting as the Python scalars they replace."""
-    if expr.is_lazy():
-        pending = _lazy_where(condition, x, y)
-        if pending is not None:
-            return pending
-    operands = (condition, x, y)
-    found = _common_backend(operands) if any(type(o) in _SCALAR_CLASSES for o in operands) else None
-    if found is None:
-        backend = next((b for b in map(backend_of, operands) if b is not None), None)
-        if backend is None:
-            raise TypeError("gpuscalar.where() needs a GPUScalar or array operand")
-        return backend.call(backend.xp.where, *operands)
-    backend, has_array = found
-    if not has_array:  # eager, or what the lazy path leaves to NumPy
-        args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]
-        return _wrap(backend, backend.call(backend.xp.where, *args))
-    # Parity: the result dtype is what where() gives with the scalars' Python values.
-    result_dtype = promote.result_dtype([_stand_in(x), _stand_in(y)])
-    args = _parity_arrays(backend, operands, result_dtype, keep=condition)
-    return backend.call(backend.xp.where, *args)
-
-
-def _parity_arrays(backend: Backend, operands: tuple[Any, ...], result_dtype: np.dtype,
-                   keep: Any = None) -> list[Any]:
-    """The operands of an array operation (``where``, ``clip``) as the backend takes them, each
-    GPUScalar (but ``keep``) as a 0-d array of ``result_dtype``, the dtype that operation gives
-    with the scalars' Python values (the parity rule; a cast is one op); a device scalar
-    meeting a host array is read (rule 4)."""
-    args = []
-    for op in operands:
-        if type(op) in _SCALAR_CLASSES:
-            if op._backend is not backend:
-                op = op._host_value("host operand")
-            elif op is not keep and op.dtype != result_dtype:
-                op = backend.call(_array_of(op).astype, result_dtype)
-            else:
-                op = _array_of(op)
-        args.append(op)
-    return args
-
-
-def clip_call(x: Any, lower: Any, upper: Any, out: Any = None, **kwargs: Any) -> Any:
-    """``np.clip`` / ``cupy.clip`` / ``x.clip`` with a GPUScalar bound or operand (clip is no
-    NumPy ufunc by name, so the promotion rules are applied here): scalars only give a
-    GPUScalar (`clip`); with an array, the array's clip with the parity dtype."""
-    operands = (x, lower, upper)
-    given = tuple(op for op in operands if op is not None)  # None: no bound on that side
-    if len(given) < 2:
-        raise TypeError("clip() needs at least one of its bounds (min, max), got None for both")
-    found = _common_backend(given)
-    if found is None:
-        return NotImplemented
-    backend, has_array = found
-    if isinstance(out, tuple):
-        out = out[0] if len(out) == 1 else out
-    if not has_array:
-        if out is not None or kwargs:
-            raise TypeError("clip() of GPUScalars takes no out= or other keywords (GPUScalars "
-                            f"are immutable), got {sorted(kwargs) + ['out'] * (out is not None)}")
-        if lower is None:
-            return minimum(x, upper)
-        return maximum(x, lower) if upper is None else clip(x, lower, upper)
-    result_dtype = promote.result_dtype([_stand_in(op) for op in given])
-    args = _parity_arrays(backend, operands, result_dtype)
-    if out is not None:
-        kwargs["out"] = out
-    return backend.call(backend.xp.clip, *args, **kwargs)
-
-
-def _route_cupy_kernel(backend: Backend, kernel: Any, name: str | None, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
-    """A CuPy elementwise kernel that is no NumPy ufunc, called with a GPUScalar: ``where``
-    and ``clip`` by what they mean (parity dtype); anything else (``copyto``'s ``cupy_copy``,
-    a user ``ElementwiseKernel``) gets each GPUScalar as its 0-d device array. An output (an
-    argument past ``kernel.nin``) that is a GPUScalar is refused: GPUScalars are immutable."""
-    nin = getattr(kernel, "nin", len(args))
-    if any(type(a) in _SCALAR_CLASSES for a in (*args[nin:], kwargs.get("out"))):
-        raise TypeError(f"GPUScalars are immutable: one cannot be the output of {name or kernel}")
-    if name == "where" and len(args) == 3 and not kwargs:
-        return where(*args)
-    if name == "clip" and len(args) in (3, 4):
-        return clip_call(*args, **kwargs)
-    if name == "copy" and len(args) == 2 and not kwargs:  # copyto(x, s), full, x[...] = s
-        source, target = args  # CuPy checked the casting rule already (on the dtypes)
-        return backend.call(backend.xp.copyto, target, _array_of(source), casting="unsafe")
-    arrays = [_array_of(a) if type(a) in _SCALAR_CLASSES else a for a in args]
-    return backend.call(kernel, *arrays, **kwargs)
-
-
-#: operand kinds (see `_LAZY_LOOPS`) -> (the result dtype, the where op, each operand's key as a
-#: leaf or constant), or None where eager code decides (a condition that is not bool, an operand
-#: that is not a scalar, no GPUScalar at all)
-_WHERE_LOOPS: dict[tuple[Any, Any, Any], Any] = {}
-_BOOL = np.dtype(bool)
-
-
-def _is_scalar_kind(kind: Any) -> bool:
-    return isinstance(kind, np.dtype) or kind in promote.PYTHON_SCALAR_TYPES or (
-        isinstance(kind, type) and issubclass(kind, np.generic))
-
-
-def _resolve_where(kinds: tuple[Any, Any, Any]) -> Any:
-    found = None
-    if all(map(_is_scalar_kind, kinds)) and _kind_stand_in(kinds[0]) == _BOOL and any(
-            isinstance(kind, np.dtype) for kind in kinds):
-        dtype = promote.result_dtype([_kind_stand_in(kinds[1]), _kind_stand_in(kinds[2])])
-        if dtype.kind in promote.SUPPORTED_KINDS:
-            op = expr.get_op("where", "where", (_BOOL, dtype, dtype), (dtype,))
-            keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else
-                         expr.const_key(wanted) for kind, wanted in zip(kinds, op.in_dtypes,
-                                                                          strict=True))
-            found = (dtype, op, *keys)
-    _WHERE_LOOPS[kinds] = found
-    return found
-
-
-def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
-    """``where(condition, x, y)`` over scalars (GPUScalars of one backend and device, Python
-    and NumPy numbers) as a pending node: the branches meet in NumPy's result dtype for them (a
-    Python number weak, as in eager ``where``). None where eager code must decide: an array
-    operand, a condition that is not bool, scalars that cannot meet (eager raises), a number
-    NumPy's ``where`` converts in its own way (it wraps ``-1`` into ``uint8``, see `_constant`).
-    Written out operand by operand: it is as hot as an operator.
-    """
-    scalar_classes = _SCALAR_CLASSES
-    c_scalar, x_scalar, y_scalar = (type(condition) in scalar_classes, type(x) in scalar_classes,
-                                    type(y) in scalar_classes)
-    kinds = (condition._dtype if c_scalar else type(condition),
-             x._dtype if x_scalar else type(x), y._dtype if y_scalar else type(y))
-    found = _WHERE_LOOPS.get(kinds, _MISSING)
-    if found is _MISSING:
-        found = _resolve_where(kinds)
-    if found is None:
-        return None
-    dtype, op, c_key, x_key, y_key = found
-    # one backend and device (else eager code raises the error naming both)
-    first = condition if c_scalar else x if x_scalar else y
-    backend, device = first._backend, first._device
-    if x_scalar and (x._backend is not backend or x._device != device):
-        return None
-    if y_scalar and (y._backend is not backend or y._device != device):
-        return None
-    # every number first: nothing is marked used yet
-    if not c_scalar:
-        condition = _BOOL.type(condition)
-    if not x_scalar:
-        x = _constant(x, dtype)
-        if x is None:
-            return None
-    if not y_scalar:
-        y = _constant(y, dtype)
-        if y is None:
-            return None
-    size = 1
-    if c_scalar:
-        condition = _child(condition)
-        if type(condition) is tuple:
-            c_key = condition[0]
-            size += condition[1]
-    if x_scalar:
-        x = _child(x)
-        if type(x) is tuple:
-            x_key = x[0]
-            size += x[1]
-    if y_scalar:
-        y = _child(y)
-        if type(y) is tuple:
-            y_key = y[0]
-            size += y[1]
-    structure = (op.id, c_key, x_key, y_key)
-    key = expr.find_key(structure)
-    if key is None:
-        key = expr.intern_key(structure)
-    return _pending(backend, (key, size, op, condition, x, y), dtype, device)

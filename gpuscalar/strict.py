@@ -25,6 +25,10 @@ where it matters:
   GPUScalar's promotion rules (CuPy's kernels call its hook);
 - assigning a host array through a plain index (``x[...] = host``) is CuPy's ``ValueError``
   (CuPy fills from scalars only); upload with ``x.set(host)`` or ``xp.asarray(host)``;
+- launch counts that depend on more than the call, as CuPy 14's source has them: assigning an
+  array onto itself (``x[...] = x``, and the store-back of ``x[...] -= v``) launches nothing;
+  ``xp.linalg.norm`` counts the kernels ``cupy.linalg.norm`` launches (three for the 2-norm of
+  a vector: square, sum, sqrt; one for a 2-norm over given axes);
 - inside a captured step's body (`gpuscalar.sync.in_graph_body`), what CuPy refuses while its
   stream captures (CuPy 14's source): a host-to-device copy (``xp.asarray``/``xp.array`` of host
   data of 1 or more dimensions, ``x.set(host)``, assignment through host index arrays, a
@@ -88,7 +92,7 @@ def device(device_id: int) -> Iterator[Device]:
 
 def _checked_device_id(device_id: Any) -> int:
     if type(device_id) is not int or device_id < 0:
-        raise ValueError(f"a strict device id is an int >= 0, got {device_id!r}")
+        raise ValueError(f"a strict device id is an int >= 0, got {sync.describe(device_id)}")
     return device_id
 
 
@@ -296,6 +300,35 @@ def _basic_index(key: Any) -> bool:
     )
 
 
+def _as_view_key(key: Any) -> tuple:
+    """A basic index that makes NumPy return a view, a 0-d one included (never a scalar copy)."""
+    parts = key if type(key) is tuple else (key,)
+    return parts if Ellipsis in parts else (*parts, Ellipsis)
+
+
+def _is_view(value: Any, target: np.ndarray) -> bool:
+    """Whether assigning the device value ``value`` to the view ``target`` is the assignment
+    CuPy 14 skips: ``_scatter_op`` (cupy/_core/_routines_indexing.pyx) returns without a launch
+    when the value, its leading unit dimensions squeezed, has the target view's address, shape
+    and strides. That is the assign-back of ``a[...] += v`` (Python stores the view it updated)
+    and ``x[...] = x``. A pending GPUScalar is new memory once evaluated: never the target."""
+    if type(value) is StrictArray:
+        data = value._data
+    elif getattr(value, "_backend", None) is STRICT and value.is_materialized:
+        data = value.array._data
+    else:
+        return False
+    lead = 0
+    while lead < data.ndim and data.shape[lead] == 1:
+        lead += 1
+    return (data.shape[lead:] == target.shape and data.strides[lead:] == target.strides
+            and _address(data) == _address(target))
+
+
+def _address(data: np.ndarray) -> int:
+    return data.__array_interface__["data"][0]
+
+
 class StrictArray(NDArrayOperatorsMixin):
     """An array on a strict device: NumPy data that only leaves through a counted sync.
 
@@ -433,10 +466,7 @@ class StrictArray(NDArrayOperatorsMixin):
 
     def __getitem__(self, key: Any) -> Any:
         if _basic_index(key):  # a view, as on the GPU: no device work
-            parts = key if type(key) is tuple else (key,)
-            if Ellipsis not in parts:
-                parts = (*parts, Ellipsis)  # a 0-d view rather than a NumPy scalar copy
-            return _wrap(self._data[parts], self._device)
+            return _wrap(self._data[_as_view_key(key)], self._device)
         key = _device_index(key)
         parts = key if type(key) is tuple else (key,)
         if any(type(p) is StrictArray and p.dtype == np.bool_ for p in parts):
@@ -450,6 +480,8 @@ class StrictArray(NDArrayOperatorsMixin):
                 # CuPy fills a view from a scalar only: host data must be uploaded explicitly
                 raise ValueError(f"{FILL_MESSAGE} (upload host data with x.set(host) or "
                                  "xp.asarray(host) first)")
+            if device_value and _is_view(value, self._data[_as_view_key(key)]):
+                return  # CuPy skips copying an array onto itself: no device work
         else:
             key = _device_index(key)
             if not device_value and np.ndim(value) != 0:
@@ -530,9 +562,9 @@ def _gpuscalar_route(name: str, args: tuple, kwargs: dict) -> Callable[..., Any]
     if name not in ("clip", "where") or not any(
             getattr(a, "_backend", None) is STRICT for a in (*args, *kwargs.values())):
         return None
-    from . import scalar  # noqa: PLC0415 - scalar imports the backends; only on this path
+    from . import math  # noqa: PLC0415 - math imports the backends; only on this path
 
-    return scalar.clip_call if name == "clip" else scalar.where
+    return math.clip_call if name == "clip" else math.where
 
 
 # ---- the namespace (``xp``) ------------------------------------------------------------------
@@ -642,6 +674,43 @@ def asarray(value: Any, dtype: Any = None, *, device: int | None = None, copy: A
         return _wrap(data, target)
 
 
+def _linalg_norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:
+    """``cupy.linalg.norm``: NumPy's norm, counted as the kernels CuPy launches for it."""
+    result = _call(np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})
+    data = _Operands().unwrap(x)
+    for _ in range(_cupy_norm_launches(np.result_type(data), np.ndim(data), ord, axis) - 1):
+        sync.note_device_op()
+    return result
+
+
+def _cupy_norm_launches(dtype: np.dtype, ndim: int, ord: Any, axis: Any) -> int:
+    """How many kernels ``cupy.linalg.norm`` launches (cupy/linalg/_norms.py, CuPy 14.2): the
+    Frobenius/2-norm of a whole array is ``sqrt((x * x).sum())``, three kernels (complex:
+    ``abs``, ``*=``, ``sum``, ``sqrt``); a 2-norm over given axes is one reduction kernel; the
+    other orders are ``abs`` and a reduction or two. An integer or bool array is first cast to
+    float (one more). The SVD-based matrix norms (ord 2, -2, 'nuc') are counted as one."""
+    cast = int(dtype.kind not in "fc")
+    complex_ = dtype.kind == "c"
+    if axis is None and (ord is None or (ndim == 1 and ord == 2)
+                         or (ndim == 2 and ord in ("f", "fro"))):
+        return cast + 3 + complex_
+    axes = range(ndim) if axis is None else axis if type(axis) is tuple else (axis,)
+    if len(axes) == 1:
+        if ord is None or ord == 2:
+            launches = 1  # _norm_ord2: one reduction kernel
+        elif ord in (np.inf, -np.inf, 1):
+            launches = 2  # abs, max/min/sum
+        elif ord == 0:
+            launches = 3  # x != 0, astype, sum
+        else:
+            launches = 5  # abs, **= ord, sum, reciprocal(ord), **=
+    elif ord in (1, -1, np.inf, -np.inf):
+        launches = 3  # abs, sum, max/min
+    else:
+        launches = 1  # _norm_ord2 over two axes (or the SVD, not modelled)
+    return cast + launches
+
+
 def asnumpy(value: Any) -> np.ndarray:
     """Copy a strict array to the host explicitly (``cupy.asnumpy``: a sync)."""
     if type(value) is StrictArray:
@@ -658,6 +727,7 @@ xp.__dict__.update(
     ndarray=StrictArray,
     Device=device,
 )
+xp.linalg.__dict__["norm"] = _linalg_norm
 
 
 # ---- the backend -----------------------------------------------------------------------------

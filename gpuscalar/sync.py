@@ -34,6 +34,8 @@ from contextvars import ContextVar
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from .ledger import (
     SyncCounter,
     SyncRecord,
@@ -72,6 +74,7 @@ __all__ = [
     "note_graph_replay",
     "declare_library_sync",
     "caller_site",
+    "describe",
 ]
 
 SyncMode = Literal["allow", "warn", "error"]
@@ -262,14 +265,47 @@ def to_host(backend: Backend, array: Any, reason: str) -> Any:
         _in_gpuscalar_read.reset(token)
 
 
+#: Values whose ``repr`` is read on the host (no device value to read): shown as they are.
+_HOST_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
+
+
+def describe(value: object) -> str:
+    """How to name a user's value in an error or warning message without reading it.
+
+    Formatting a GPUScalar or a device array (``f"{value}"``, ``{value!r}``) reads it from the
+    device: a hidden sync, and under ``sync_guard("error")`` a `SyncError` in place of the
+    message meant for the user. Host numbers and strings are shown as they are (``3``,
+    ``'fast'``); anything else is named by its type, and its shape and dtype where it has them
+    (``a GPUScalar of dtype float32``, ``a cupy.ndarray of shape (3,) and dtype float64``),
+    none of which needs the device.
+    """
+    kind = type(value)
+    if kind in _HOST_SCALARS or isinstance(value, np.generic):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v) for v in value)
+        return f"a {kind.__name__} of {len(value)} ({inner})"
+    module = kind.__module__.partition(".")[0]
+    name = kind.__name__ if module in ("builtins", "gpuscalar") else f"{module}.{kind.__name__}"
+    dtype = getattr(value, "dtype", None)
+    shape = getattr(value, "shape", None)
+    if name == "GPUScalar" or (dtype is not None and shape == ()):
+        return f"a {name} of dtype {dtype}"
+    if dtype is not None and isinstance(shape, tuple):
+        return f"a {name} of shape {shape} and dtype {dtype}"
+    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+
+
 # ---- CuPy's own syncs ---------------------------------------------------------------------
 _cupy_hook_lock = threading.Lock()
 _cupy_hook_users = 0
-_cupy_syncdetect: ModuleType | None = None
+#: ``cupy._core.syncdetect`` while hooked (Any: CuPy ships no types, and its module attribute
+#: ``_declare_synchronize`` is what gets swapped)
+_cupy_syncdetect: Any = None
 _cupy_original: Callable[[], Any] | None = None
 
 
-def _import_syncdetect() -> ModuleType:
+def _import_syncdetect() -> Any:
     try:
         return importlib.import_module("cupy._core.syncdetect")
     except ImportError as exc:

@@ -14,10 +14,10 @@ those stops at CUDA. To run them end to end, this module adds a device:
   argument has a hook of its own (a GPUScalar), the call is handed to that hook, exactly as real
   CuPy would do (a real ``cupy.ndarray`` has no hook, so the GPUScalar's would be the one
   called): the real dispatch of ``x += s`` or ``g * lr_expr`` stays under test.
-- The methods CuPy implements in Cython that reach CUDA (matmul, ``sum``/``mean``,
-  ``copy``, ``astype``, advanced indexing, host reads) are overridden on the subclass, and the
-  creation functions are provided by `FakeCupy`, a small ``xp`` namespace (everything else is
-  CuPy's own, so its ufuncs and functions dispatch as they would on a GPU).
+- The methods CuPy implements in Cython that reach CUDA (matmul, ``sum``/``mean``/``max``/
+  ``min``, ``copy``, ``astype``, advanced indexing, host reads) are overridden on the
+  subclass, and the creation functions are provided by `FakeCupy`, a small ``xp`` namespace
+  (everything else is CuPy's own, so its ufuncs and functions dispatch as they would on a GPU).
 - Host reads (``get``, ``item``, ``float()``, ``bool()``, ...) declare a synchronization through
   ``cupy._core.syncdetect._declare_synchronize``, as CuPy does, and are counted; host-to-device
   copies (``xp.asarray`` of host data, ``ndarray.set``) are counted too, with whether they
@@ -66,8 +66,6 @@ class DeviceLog:
     launches: int = 0
     #: operations recorded into a graph while a stream captured (replayed by its launches)
     recorded: int = 0
-    #: ``a[...] = a[...]`` assignments that CuPy skips (no launch), outside captures
-    self_copies_skipped: int = 0
     host_reads: int = 0
     uploads: int = 0
     #: host-to-device copies made while a captured step ran (gpuscalar.sync.in_graph_body)
@@ -176,6 +174,12 @@ class FakeDeviceArray(cupy.ndarray):
              keepdims: bool = False) -> Any:
         return _compute(np.mean, self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
 
+    def max(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Any:
+        return _compute(np.max, self, axis=axis, out=out, keepdims=keepdims)
+
+    def min(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Any:
+        return _compute(np.min, self, axis=axis, out=out, keepdims=keepdims)
+
     def copy(self, order: str = "C") -> Any:
         return _compute(np.copy, self, order=order)
 
@@ -196,13 +200,8 @@ class FakeDeviceArray(cupy.ndarray):
         if hasattr(value, HOOK) and not isinstance(value, FakeDeviceArray):
             super().__setitem__(index, value)  # CuPy's own dispatch of the value (its hook)
             return
-        if (isinstance(value, cupy.ndarray) and index is Ellipsis
-                and value.data.ptr == self.data.ptr and value.shape == self.shape
-                and value.strides == self.strides):
-            # CuPy skips a copy onto itself (``a[...] -= v`` assigns a[...] back; _scatter_op)
-            log = _log()
-            log.self_copies_skipped += _capturing(log) is None
-            return
+        if _assigns_itself(self, index, value):
+            return  # CuPy skips a copy onto itself, launching nothing
         view, where, data = host_view(self), _host(index), _host(value)
         _in_place("setitem", lambda: view.__setitem__(where, data))
 
@@ -227,6 +226,19 @@ class FakeDeviceArray(cupy.ndarray):
     def set(self, arr: Any, stream: Any = None) -> None:
         _upload()
         host_view(self)[...] = np.asarray(arr).reshape(self.shape)
+
+
+def _assigns_itself(array: FakeDeviceArray, index: Any, value: Any) -> bool:
+    """CuPy 14's condition (``_ndarray_setitem`` and ``_scatter_op``,
+    cupy/_core/_routines_indexing.pyx) for skipping ``array[index] = value``: a basic index,
+    and the value, its leading unit dimensions squeezed, has the view's address, shape and
+    strides (``a[...] -= v`` assigns its own view back; ``x[...] = x``)."""
+    if not isinstance(value, cupy.ndarray) or _advanced(index):
+        return False
+    view = cupy.ndarray.__getitem__(array, index)
+    lead = next((i for i, n in enumerate(value.shape) if n != 1), value.ndim)
+    return (value.shape[lead:] == view.shape and value.strides[lead:] == view.strides
+            and value.data.ptr == view.data.ptr)
 
 
 def _advanced(index: Any) -> bool:
@@ -265,9 +277,11 @@ def _elementwise(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     if not outs:
         if kernel.nout > 1:
             raise NotImplementedError(f"tests.cupy_device: {name} has {kernel.nout} outputs")
-        return _fresh(name, lambda: ufunc(*inputs, **kwargs))
+        with np.errstate(all="ignore"):  # a kernel cannot warn: IEEE results, as on a GPU
+            return _fresh(name, lambda: ufunc(*inputs, **kwargs))
     targets = tuple(host_view(o) for o in outs)
-    _in_place(name, lambda: ufunc(*inputs, out=targets, **kwargs))
+    with np.errstate(all="ignore"):
+        _in_place(name, lambda: ufunc(*inputs, out=targets, **kwargs))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -280,8 +294,8 @@ class FakeCupy:
 
     class linalg:  # noqa: N801 - the ``xp.linalg`` namespace
         """``xp.linalg``: CuPy's ``norm`` of a whole array (elementwise ops and a reduction,
-        which the device computes), NumPy's for an ``axis`` (CuPy's reduction kernel there
-        has no hook to intercept: one launch)."""
+        which the device computes: three launches), NumPy's for an ``axis`` (CuPy's
+        reduction kernel there has no hook to intercept: one launch, as CuPy's)."""
 
         @staticmethod
         def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:

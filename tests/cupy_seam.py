@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from gpuscalar.backend import CUPY, CudaSeam
+from gpuscalar.cuda import control as cuda_control
 from gpuscalar.cuda import cublas
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
@@ -120,6 +121,7 @@ class Launch:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     source: str | None = None
+    result: Any = None  # what it returned while recorded (`RecordingSeam.records_only`)
 
 
 @dataclasses.dataclass
@@ -322,7 +324,20 @@ def _uploads_a_pointer_table(launch: Launch) -> bool:
 
 
 class FakeEvent:
-    """A recorded stream event (``stream.record()``)."""
+    """A recorded stream event (``stream.record()``); the fake device is always done."""
+
+    done = True
+
+
+@dataclasses.dataclass
+class FakeConditional:
+    """A conditional node (``kind`` "while" or "if") recorded for ``handle``: its body graph's
+    launches. Replayed, its body runs as often as the condition kernel's flag says."""
+
+    kind: str
+    handle: int
+    launches: list[Launch] = dataclasses.field(default_factory=list, repr=False)
+    runs: int = 0
 
 
 class FakeGraph:
@@ -338,7 +353,7 @@ class FakeGraph:
     def launch(self, stream: Any = None) -> None:
         self.seam.graph_launches += 1
         for launch in self.launches:
-            self.seam._answer(launch)
+            self.seam._replay(launch)
 
 
 class FakeStream:
@@ -362,10 +377,12 @@ class FakeStream:
     def begin_capture(self) -> None:
         assert self.captured is None, "begin_capture on a capturing stream"
         self.captured = []
+        self.snapshot = self.seam._snapshot()
 
     def end_capture(self) -> FakeGraph:
         assert self.captured is not None, "end_capture without begin_capture"
         graph, self.captured = FakeGraph(self.seam, self.captured), None
+        self.seam._restore(self.snapshot)
         self.seam.graphs.append(graph)
         return graph
 
@@ -440,6 +457,9 @@ class RecordingSeam(CudaSeam):
         self._default_stream = FakeStream(self)
         self._streams: list[FakeStream] = []
         self._checking = threading.local()
+        self.conditions: dict[int, bool] = {}  # conditional handle -> its flag
+        self.conditionals: list[FakeConditional] = []
+        self._handles = itertools.count(0x9000)
 
     def array(self, values: Any, dtype: Any = None) -> Any:
         """A fake-memory ``cupy.ndarray`` holding ``values`` (test input; not an upload)."""
@@ -488,7 +508,43 @@ class RecordingSeam(CudaSeam):
         capture = self._capturing()
         if capture is not None:
             capture.captured.append(launch)
-        return self._answer(launch)
+        result = self._answer(launch)
+        if capture is not None and self.records_only:
+            launch.result = result
+        return result
+
+    # ---- recording executes nothing (opt-in: ``records_only``) ----
+
+    #: Whether a capture leaves the fake memory as it found it (a GPU executes nothing while
+    #: recording) and a replay writes into the buffers the recording returned (a graph's
+    #: static buffers). Off by default: the launches are still answered while recorded, so
+    #: their results have values.
+    records_only = False
+
+    def _snapshot(self) -> dict[int, np.ndarray] | None:
+        if not self.records_only:
+            return None
+        with self.memory._lock:
+            return {address: buffer.copy() for address, buffer in self.memory._buffers.items()}
+
+    def _restore(self, snapshot: dict[int, np.ndarray] | None) -> None:
+        if snapshot is None:
+            return
+        with self.memory._lock:
+            for address, saved in snapshot.items():
+                self.memory._buffers[address][...] = saved
+
+    def _replay(self, launch: Launch) -> None:
+        """Answer a recorded launch again; with ``records_only``, into what it returned when
+        recorded (a replayed graph writes the same buffers)."""
+        fresh = self._answer(launch)
+        if launch.result is None or fresh is launch.result:
+            return
+        olds = launch.result if isinstance(launch.result, tuple) else (launch.result,)
+        news = fresh if isinstance(fresh, tuple) else (fresh,)
+        for old, new in zip(olds, news, strict=True):
+            if old is not new and isinstance(old, cupy_or_fail().ndarray):
+                host_view(old)[...] = host_view(new)
 
     def _capturing(self) -> FakeStream | None:
         stream = self.current_stream()
@@ -528,6 +584,14 @@ class RecordingSeam(CudaSeam):
 
     def _answer(self, launch: Launch) -> Any:
         kind, args, kwargs = launch.kind, launch.args, launch.kwargs
+        if kind == "conditional":
+            return self._run_conditional(launch.func)
+        if kind == "raw" and launch.name == cuda_control.CONDITION_KERNEL:
+            handle, flag, invert, count, limit = args[2]
+            go = bool(host_view(flag)) != bool(invert) and (
+                limit < 0 or host_view(count).item() < limit)
+            self.conditions[int(handle)] = go
+            return None
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":
@@ -539,7 +603,8 @@ class RecordingSeam(CudaSeam):
             target = _numpy_twin(launch.func, kind)
         if target is None:
             raise AssertionError(f"the recording seam cannot answer {kind} {launch.name}")
-        result = target(*_host_args(args), **_host_args(kwargs))
+        with np.errstate(all="ignore"):  # a kernel cannot warn: IEEE results, as on a GPU
+            result = target(*_host_args(args), **_host_args(kwargs))
         if out is not None:
             return out
         if isinstance(result, tuple):
@@ -617,6 +682,46 @@ class RecordingSeam(CudaSeam):
 
     def end_abandoned_capture(self, stream: Any) -> None:
         stream.captured = None
+        self._restore(getattr(stream, "snapshot", None))
+
+    # ---- conditional nodes (gpuscalar.cuda.control) ----
+
+    #: what `conditional_nodes_unavailable` answers (a reason: gs.while_loop falls back)
+    conditional_reason: str | None = None
+
+    def conditional_nodes_unavailable(self) -> str | None:
+        return self.conditional_reason
+
+    def conditional_handle(self, stream: Any) -> int:
+        assert stream.captured is not None, "a conditional handle outside a capture"
+        handle = next(self._handles)
+        self.conditions[handle] = False
+        return handle
+
+    def add_conditional_node(self, stream: Any, handle: int, kind: str) -> FakeConditional:
+        assert stream.captured is not None, "a conditional node outside a capture"
+        assert kind in ("while", "if") and handle in self.conditions, (kind, handle)
+        node = FakeConditional(kind, handle)
+        stream.captured.append(Launch("conditional", node, kind, (), {}))
+        self.conditionals.append(node)
+        return node
+
+    def begin_capture_into(self, stream: Any, graph: Any) -> None:
+        assert isinstance(graph, FakeConditional) and stream.captured is None
+        stream.captured, stream.into = [], graph
+
+    def end_capture_into(self, stream: Any) -> None:
+        assert stream.captured is not None, "end_capture_into without begin_capture_into"
+        stream.into.launches, stream.captured = stream.captured, None
+
+    def _run_conditional(self, node: FakeConditional) -> None:
+        """Run ``node``'s body while (WHILE) or if (IF) its flag is set, as the device would."""
+        while self.conditions[node.handle]:
+            node.runs += 1
+            for launch in node.launches:
+                self._replay(launch)
+            if node.kind == "if":
+                break
 
     def blas_handle(self, stream: Any) -> FakeHandle:
         return FakeHandle(stream)

@@ -197,6 +197,18 @@ def test_reduction_rules_bad_input():
         ad.vjp_sum(1.0, gs.asscalar(1.0), axis=0)
 
 
+def test_a_device_axis_is_named_without_a_sync():
+    """An axis that is a GPUScalar: the error names it by type and dtype, under the error
+    guard too (formatting or comparing its value would read it from the device)."""
+    axis = gs.asscalar(1)
+    with gs.sync_guard("error"):
+        with pytest.raises(ValueError, match="axis must be None, got a GPUScalar of dtype int64"):
+            ad.vjp_sum(1.0, gs.asscalar(1.0), axis=axis)
+        with pytest.raises(TypeError, match=r"axis must be None, an int or a tuple of ints, got "
+                                            r"a tuple of 2 \(0, a GPUScalar of dtype int64\)"):
+            ad.vjp_mean(np.ones(3), np.ones((3, 4)), axis=(0, axis))
+
+
 def test_every_public_rule_is_tested():
     tested = {f"vjp_{name}" for name in RULES} | {"vjp_sum", "vjp_mean"}
     assert set(ad.__all__) == tested

@@ -90,6 +90,13 @@ def test_measure_rejects_bad_repeats(repeats):
         benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick", repeats)
 
 
+def test_a_device_repeat_count_is_named_without_a_sync():
+    with gs.sync_guard("error"), pytest.raises(
+            ValueError, match="repeats must be a positive int, got a GPUScalar of dtype int64"):
+        benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick",
+                           gs.asscalar(3))
+
+
 def test_max_difference_of_floats_lists_and_arrays():
     assert benchmarks.max_difference(1.0, 1.25) == 0.25
     assert benchmarks.max_difference([1.0, 2.0], np.array([1.0, 2.5])) == 0.5

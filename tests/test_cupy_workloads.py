@@ -67,8 +67,6 @@ class Run:
     #: device operations: gpuscalar's launches (those recorded into a graph excepted: the
     #: graph's replays count), the user code's launches outside graphs, host-to-device copies
     ops: int
-    #: ``a[...] = a[...]`` assignments CuPy skips (the strict device counts each as an op)
-    skipped_copies: int
     uploads: int
     #: gpuscalar launches whose outputs the recorder cannot compute (fused or raw kernels)
     uncomputed: int
@@ -78,22 +76,21 @@ class Run:
 def run_on_cupy(cupy_device, function) -> Run:
     """``function(xp)`` on the fake CuPy device, counted (inputs made before are not)."""
     xp, log, seam = cupy_device
-    before = (log.launches, log.self_copies_skipped, log.uploads, len(seam.uploads),
-              len(seam.launches), len(seam.graphs))
+    before = (log.launches, log.uploads, len(seam.uploads), len(seam.launches),
+              len(seam.graphs))
     with gs.count_syncs(include_cupy=True) as counter:
         result = function(xp)
-    graphs = seam.graphs[before[5]:]
+    graphs = seam.graphs[before[4]:]
     recorded = sum(launch.kind != "device" for graph in graphs for launch in graph.launches)
-    uploads = log.uploads - before[2]
+    uploads = log.uploads - before[1]
     assert log.uploads_in_step == 0, "a host-to-device copy inside a captured step"
     return Run(
         result=result,
         syncs=counter.count,
         ops=counter.device_ops - recorded + log.launches - before[0] + uploads,
-        skipped_copies=log.self_copies_skipped - before[1],
-        uploads=uploads + len(seam.uploads) - before[3],
+        uploads=uploads + len(seam.uploads) - before[2],
         uncomputed=sum(launch.kind in ("elementwise", "raw")
-                       for launch in seam.launches[before[4]:]),
+                       for launch in seam.launches[before[3]:]),
         graphs=len(graphs),
     )
 
@@ -229,8 +226,8 @@ def test_gs_matmul_computes_numpys_product_through_the_cublas_calls_it_makes(cup
 @pytest.mark.parametrize("name", NAMES)
 def test_float_paths_run_on_cupy_objects(device, name):
     """Every float path on the fake device: NumPy's answer, one declared sync per host read
-    (the strict device's count), and the launches the strict device counts, except where
-    CuPy launches more for one call (``cupy.linalg.norm``: square, sum, sqrt)."""
+    (the strict device's count), and the launches the strict device counts (CuPy's
+    ``linalg.norm`` of a vector included: square, sum, sqrt)."""
     xp, log = device
     workload = WORKLOADS[name]
     params = workload.params("quick")
@@ -240,11 +237,7 @@ def test_float_paths_run_on_cupy_objects(device, name):
         answer = workload.run("float", xp, params, inputs)
     strict_syncs, strict_ops, _ = benchmarks.count_path(workload, "float", params)
     assert counter.count == strict_syncs
-    launches = log.launches - launches_before
-    if name == "jacobi":  # cupy.linalg.norm(v) is three launches, the strict device's one
-        assert launches == strict_ops + 2 * strict_syncs
-    else:
-        assert launches == strict_ops
+    assert log.launches - launches_before == strict_ops
     assert log.uploads == len(inputs) + sum(isinstance(v, list) and len(v) - 1
                                             for v in inputs.values())
     reference = workload.run("float", np, params)
@@ -255,7 +248,7 @@ def test_float_paths_run_on_cupy_objects(device, name):
 
 
 def _step_param(name: str) -> str:
-    return "max_iter" if name == "jacobi" else "steps"
+    return "max_iter" if name in ("jacobi", "cg") else "steps"
 
 
 @covers("cli bench", "gs.capture", "gs.CapturedStep", "gs.matmul")
@@ -264,7 +257,7 @@ def _step_param(name: str) -> str:
 def test_workload_paths_run_end_to_end_on_cupy_objects(cupy_device, name, path):
     """Each workload's gpuscalar and capture path on CuPy objects: every launch accepted by
     CuPy (the recorder's checks), the syncs the workload states, the strict device's launch
-    count (less the self-assignments CuPy skips), no host-to-device copy in a step, and
+    count (CuPy's skipped self-assignments included), no host-to-device copy in a step, and
     NumPy's answer where the device and the recorder computed every value."""
     xp, log, seam = cupy_device
     workload = WORKLOADS[name]
@@ -279,14 +272,28 @@ def test_workload_paths_run_end_to_end_on_cupy_objects(cupy_device, name, path):
         lambda sx: workload.run(path, sx, params, strict_inputs))
     _, _, strict_fewer_ops = run_on_strict(lambda sx: workload.run(path, sx, fewer, strict_inputs))
 
-    if name == "jacobi":  # one check per check_every iterations until no system is active
+    if (name, path) == ("cg", "gpuscalar"):
+        # its stop is decided from values fused kernels compute, which the recorder does not:
+        # here the launches are checked and the reads bounded; the counts are pinned on the
+        # strict device (tests/test_workloads.py)
+        assert 1 <= run.syncs <= workload.host_values_needed(params)
+        assert run.uploads == 0 and run.graphs == 0
+        return
+    if workload.loop_on_device and path == "capture":
+        # one gs.while_loop: the device decides (no check read; cg returns its count to the
+        # host), one graph with a WHILE node, no upload. Its launches were checked as recorded;
+        # the loop as one device op is pinned on the strict device (tests/test_control*.py)
+        assert run.syncs == strict_syncs == (name == "cg")
+        assert run.graphs == 1 and run.uploads == again.uploads == 0
+        return
+    if name in ("jacobi", "cg"):  # one check per check_every iterations until converged
         iterations = int(np.max(_host_answer(run.result["iterations"])))
-        assert run.syncs == math.ceil(iterations / params["check_every"]) == strict_syncs
+        checks = math.ceil(iterations / params["check_every"])
+        assert run.syncs == checks + (name == "cg") == strict_syncs
     else:
         assert run.syncs == workload.host_values_needed(params) == strict_syncs
     # the steps launch what the strict device counts (the set-up may differ: see below)
-    assert (run.ops + run.skipped_copies) - (again.ops + again.skipped_copies) == (
-        strict_ops - strict_fewer_ops)
+    assert run.ops - again.ops == strict_ops - strict_fewer_ops
     setup = 0
     if (name, path) == ("clip_adam", "capture"):
         # optim.Adam's construction costs more ops on CuPy (its kernel's pointer and block
@@ -295,7 +302,7 @@ def test_workload_paths_run_end_to_end_on_cupy_objects(cupy_device, name, path):
         on_cupy = run_on_cupy(cupy_device, lambda xp: Adam([xp.zeros(s) for s in shapes]))
         setup = on_cupy.ops - run_on_strict(lambda sx: Adam([sx.zeros(s) for s in shapes]))[2]
         assert on_cupy.uploads == 2
-    assert run.ops + run.skipped_copies == strict_ops + setup
+    assert run.ops == strict_ops + setup
     assert run.graphs == (path == "capture")
 
     # no host-to-device copy inside a step: as many with half the steps (the seam refuses one
@@ -323,7 +330,7 @@ def test_demo_paths_run_end_to_end_on_cupy_objects(cupy_device, path):
     (_, strict_best, strict_mean), strict_syncs, strict_ops = run_on_strict(
         lambda sx: function(sx, steps))
     assert run.syncs == strict_syncs == (steps if path == "float" else 2)
-    assert run.ops + run.skipped_copies == strict_ops
+    assert run.ops == strict_ops
     assert run.uploads == 2  # the data, made by each path before its loop
     assert run.graphs == (path == "gpuscalar + capture")
     weights, best, mean = run.result

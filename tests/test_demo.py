@@ -88,6 +88,10 @@ def test_demo_warms_up_every_path_before_timing(monkeypatch):
 def test_demo_rejects_a_bad_repeat_count():
     with pytest.raises(ValueError, match="repeats"):
         demo.run(NUMPY, steps=3, repeats=0)
+    # a device value is named, not read (formatting it would be a SyncError under the guard)
+    with gs.sync_guard("error"), pytest.raises(
+            ValueError, match="repeats must be a positive int, got a GPUScalar of dtype int64"):
+        demo.run(NUMPY, steps=3, repeats=gs.asscalar(2))
 
 
 def _table(out: str) -> dict[str, tuple[int, int]]:

@@ -25,3 +25,35 @@ def test_logistic_regression_syncs_only_to_log_and_learns():
     assert losses[0] == 0.6931  # log(2): zero weights predict 1/2 everywhere
     assert losses[-1] < 0.5 * losses[0]
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), "loss falls every log"
+
+
+def _run_example(name: str) -> str:
+    result = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _loop_lines(out: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(iterations, syncs) of the while_loop run and of the host-checked run."""
+    found = [tuple(int(v) for v in m) for m in
+             re.findall(r"^(?:while_loop|host checks): iterations (\d+), syncs (\d+)$", out,
+                        re.MULTILINE)]
+    assert len(found) == 2, out
+    return found[0], found[1]
+
+
+def test_cg_decides_on_the_device_with_zero_syncs_and_the_same_iterates():
+    out = _run_example("cg.py")
+    (n, syncs), (n_plain, syncs_plain) = _loop_lines(out)
+    assert syncs == 0 and n == n_plain > 5
+    assert syncs_plain == n_plain + 1  # one check per iteration, and the last one that stops
+    assert "same iterates: True" in out
+    assert float(re.search(r"^residual: (\S+)$", out, re.MULTILINE).group(1)) < 1e-8
+
+
+def test_kmeans_stops_when_labels_stop_changing_with_zero_syncs():
+    out = _run_example("kmeans.py")
+    (n, syncs), (n_plain, syncs_plain) = _loop_lines(out)
+    assert syncs == 0 and n == n_plain > 1 and syncs_plain == n_plain + 1
+    assert "same labels and centers: True" in out

@@ -188,7 +188,7 @@ def _category(error: BaseException) -> type:
     return next(kind for kind in _ERRORS if isinstance(error, kind))
 
 
-def assert_structure_is_consistent(root: tuple) -> None:
+def assert_structure_is_consistent(root: expr.Node) -> None:
     """The key a node carries is the key of what it holds (ops, dtypes, which children are
     device leaves and which constants), recomputed from scratch; and the plan that kernels are
     generated from numbers its parameters as the leaves are passed (a device leaf where a
@@ -197,10 +197,10 @@ def assert_structure_is_consistent(root: tuple) -> None:
     for item, is_node in expr.postorder(root):
         if not is_node:
             continue
-        structure = (item[2].id, *(keys[id(c)] if type(c) is tuple else expr.child_key(c)
-                                   for c in item[3:]))
-        assert expr.find_key(structure) == item[0], expr.describe_structure(item[0])
-        keys[id(item)] = item[0]
+        structure = (item.op.id, *(keys[id(c)] if type(c) is expr.Node else expr.child_key(c)
+                                   for c in item.children))
+        assert expr.find_key(structure) == item.key, expr.describe_structure(item.key)
+        keys[id(item)] = item.key
     plan = expr.plan_of(root)
     leaves = expr.leaves_of(root)
     assert len(leaves) == len(plan.leaf_kinds)
@@ -413,3 +413,28 @@ def test_a_shared_subexpression_gives_the_eager_bits(xp):
                          ("sqrt", ("dev", F64, 2.0))))
     check_lazy_equals_eager(("hypot", ("mul", big, big), ("minimum", big, ("py", 1.0))),
                             like=xp.zeros(1))
+
+
+# ---- named nodes ---------------------------------------------------------------------------------
+
+
+def test_nodes_have_named_fields_and_one_constructor():
+    """`expr.make_node` is the one constructor: with the children's keys and size given (as the
+    generated operators give them) or computed from the children, the same node; its fields
+    read by name."""
+    s = gs.asscalar(1.5)
+    with gs.lazy(True):
+        built = (s * 2.0 + 1.0)._node
+    assert type(built) is expr.Node
+    inner, constant = built.children
+    assert type(inner) is expr.Node and isinstance(constant, np.float64)
+    assert built.op.name == "add" and built.size == 2 and inner.size == 1
+    assert (built.key, built.size, built.op, built.children) == tuple(built)
+    again = expr.make_node(built.op, built.children)  # keys and size computed
+    assert again == built and again.key == built.key
+    leaf, two = inner.children
+    assert leaf is s.array and two == 2.0
+    assert expr.make_node(inner.op, (leaf, two)).key == inner.key
+    assert expr.make_node(inner.op, (np.asarray(1.0), two)).key == inner.key  # another leaf
+    assert expr.make_node(inner.op, (np.float64(1.0), two)).key != inner.key  # a constant
+    assert repr(built).startswith("Node(Op(add(")

@@ -347,7 +347,7 @@ def test_a_repeated_fold_on_cupy_reuses_one_plan_and_one_kernel():
     # one kernel: ``out=`` of the dtype the fold would make is another plan, the same kernel
     assert len({id(launch.func) for launch in launches}) == 1
     for launch, node in zip(launches[::2], leaves, strict=True):
-        assert launch.args[0] is node[3][3]  # this step's own lr leaf
+        assert launch.args[0] is node.children[0].children[0]  # this step's own lr leaf
 
 
 def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
@@ -438,3 +438,59 @@ def test_an_output_overlapping_an_input_is_checked_on_every_fold():
             np.multiply(lr * 2.0, w, out=w)
             np.multiply(lr * 2.0, w[1:], out=w[:-1])
     assert seam.kinds() == ["elementwise", "elementwise", "ufunc"] * 2
+
+
+# ---- executors, chosen once -------------------------------------------------------------------
+
+
+def test_each_backend_has_one_executor_and_its_scalars_use_it(xp, monkeypatch):
+    """Evaluation picks its executor once per backend (host evaluator, or CuPy's fused
+    kernels); a pending scalar is materialized by its class's executor, one call."""
+    from gpuscalar.backend import backend_of
+    from gpuscalar.lazy import fusion
+
+    backend = backend_of(xp.zeros(1))
+    executor = fusion.executor_for(backend)
+    assert executor is fusion.executor_for(backend) and executor.backend is backend
+    assert type(executor) is (fusion.CupyExecutor if backend.name == "cupy" else
+                              fusion.HostExecutor)
+    with gs.lazy(True):
+        s = gs.asscalar(2.0, like=xp.zeros(1)) * 3.0
+    assert type(s)._executor is executor
+    node = s._node
+    assert node is not None
+    calls = []
+    real = type(executor).materialize
+
+    def spy(self, root, device):
+        calls.append(root.key)
+        return real(self, root, device)
+
+    monkeypatch.setattr(type(executor), "materialize", spy)
+    assert host(s.array) == 6.0
+    assert calls == [node.key]
+
+
+def test_a_repeated_array_operation_decides_its_loop_once(xp, monkeypatch):
+    """``lr * g`` decides NumPy's parity loop (and CuPy's dtype= pin) from the operands' kinds
+    once; repeated, it is a lookup: the resolver is not asked again, the result the same."""
+    from gpuscalar import promote
+    from gpuscalar import scalar as scalar_module
+
+    monkeypatch.setattr(scalar_module, "_ARRAY_CALLS", {})  # decided afresh here
+    asked = []
+    real = promote.parity_signature
+    monkeypatch.setattr(promote, "parity_signature",
+                        lambda name, kinds: asked.append(name) or real(name, kinds))
+    g = xp.asarray(np.arange(3.0, dtype=np.float32))
+    lr = gs.asscalar(0.5, like=g, dtype=np.float64)
+    first = lr * g
+    count = len(asked)
+    assert count >= 1
+    second = lr * g
+    third = g * lr
+    assert len(asked) == count + 1  # g * lr is another order: decided once, too
+    fourth = g * lr
+    assert len(asked) == count + 1
+    for result in (first, second, third, fourth):
+        assert result.dtype == np.float32 and host(result).tolist() == [0.0, 0.5, 1.0]

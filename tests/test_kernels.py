@@ -88,6 +88,11 @@ CLASS_CONFIGS = {
     "sgd": (optim.SGD, {"lr": 0.1}),
     "sgd_momentum": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}),
     "sgd_nesterov": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+    "rmsprop": (optim.RMSprop, {}),
+    "rmsprop_momentum": (optim.RMSprop, {"momentum": 0.9}),
+    "rmsprop_centered": (optim.RMSprop, {"centered": True}),
+    "rmsprop_centered_momentum": (optim.RMSprop, {"momentum": 0.9, "centered": True}),
+    "lion": (optim.Lion, {"weight_decay": 0.1}),
 }
 CLASS_VARIANTS = list(itertools.product(CLASS_CONFIGS, optim.KERNEL_DTYPES,
                                         ("numbers", "gpuscalars", "pending"), (False, True)))

@@ -381,3 +381,38 @@ def test_handles_made_says_whether_the_program_multiplies_on_cupy(fake_backend, 
     stream = _FakeStream(888)
     linalg._handle(fake_backend, 0, stream)
     assert linalg.handles_made() and registered == [linalg.close_handles]
+
+
+# ---- a Python alpha on CuPy (issue 15 item 7; through the recording seam) -----------------------
+
+
+def test_a_python_alpha_on_cupy_is_a_fill_kernel_and_keeps_nothing():
+    """Any alpha but 1 and 0 is written by a fill kernel taking it as an argument: one counted
+    launch on the current stream; no stream of its own, no wait, no upload, nothing kept per
+    value. The defaults 1 and 0 are device constants made once and kept."""
+    from .cupy_fake import fake_memory  # noqa: PLC0415 - imports CuPy
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    with fake_memory() as memory, recording(memory) as seam:
+        streams = []
+        new_stream = seam.new_stream
+        seam.new_stream = lambda: streams.append(1) or new_stream()
+        a, b = seam.array(rng.standard_normal((4, 3))), seam.array(rng.standard_normal((3, 2)))
+        gs.matmul(a, b)  # the defaults: constants 1 and 0, made once (a stream and a wait)
+        kept = dict(linalg._CONSTANTS)
+        assert sorted(float.fromhex(key[2]) for key in kept) == [0.0, 1.0]
+        made = (len(streams), seam.stream_waits)
+        for alpha, fills in ((1.0, 0), (0, 0), (0.25, 1), (-3.0, 1), (0.25, 1), (7, 1)):
+            seam.clear()
+            with gs.count_syncs() as counter:
+                gs.matmul(a, b, alpha=alpha)
+            launches = [launch.kind for launch in seam.launches]
+            assert launches.count("cublas") == 1 and len(launches) == 1 + fills, (alpha, launches)
+            if fills:
+                fill = seam.launches[0]
+                assert (fill.name, fill.args[-1]) == ("full", alpha)  # the value: an argument
+            assert counter.device_ops == 1 + fills and counter.count == 0
+            assert seam.uploads == [] and seam.reads == []
+        assert (len(streams), seam.stream_waits) == made  # no stream made, nothing waited for
+        assert linalg._CONSTANTS == kept  # nothing kept per value

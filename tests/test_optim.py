@@ -41,6 +41,33 @@ def ref_sgd(p, g, buf, lr, momentum, dampening, wd, nesterov):
     return p - lr * g, buf
 
 
+def ref_rmsprop(p, g, state, lr, alpha, eps, wd, momentum, centered):
+    """PyTorch's RMSprop (torch.optim.RMSprop, its in-place ops written out); ``state`` holds
+    square_avg, momentum_buffer and grad_avg (zeros before the first step) and is updated."""
+    p, g = p.astype(np.float64), g.astype(np.float64)
+    g = g + wd * p
+    sq = state["square_avg"] = alpha * state.get("square_avg", 0.0) + (1 - alpha) * g * g
+    if centered:
+        grad_avg = state.get("grad_avg", 0.0)
+        grad_avg = state["grad_avg"] = grad_avg + (1 - alpha) * (g - grad_avg)  # lerp_
+        avg = np.sqrt(sq - grad_avg * grad_avg) + eps
+    else:
+        avg = np.sqrt(sq) + eps
+    if momentum > 0:
+        buf = state["momentum_buffer"] = momentum * state.get("momentum_buffer", 0.0) + g / avg
+        return p - lr * buf
+    return p - lr * g / avg
+
+
+def ref_lion(p, g, state, lr, betas, wd):
+    """Lion as published (Chen et al. 2023, Algorithm 2): ``state`` holds exp_avg (m)."""
+    p, g = p.astype(np.float64), g.astype(np.float64)
+    m = state.get("exp_avg", 0.0)
+    update = np.sign(betas[0] * m + (1 - betas[0]) * g)
+    state["exp_avg"] = betas[1] * m + (1 - betas[1]) * g
+    return p - lr * (update + wd * p)
+
+
 def close(actual, expected, rtol=1e-5):
     np.testing.assert_allclose(host(actual), expected, rtol=rtol, atol=1e-6)
 
@@ -204,6 +231,11 @@ CONFIGS = {
     "sgd": (optim.SGD, dict(lr=0.05, weight_decay=0.01)),
     "sgd_momentum": (optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01)),
     "sgd_nesterov": (optim.SGD, dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02)),
+    "rmsprop": (optim.RMSprop, dict(lr=1e-3, alpha=0.9, eps=1e-6, weight_decay=0.01)),
+    "rmsprop_centered_momentum": (optim.RMSprop, dict(lr=1e-3, alpha=0.95, eps=1e-8,
+                                                      weight_decay=0.02, momentum=0.8,
+                                                      centered=True)),
+    "lion": (optim.Lion, dict(lr=1e-3, betas=(0.8, 0.95), weight_decay=0.1)),
 }
 
 
@@ -213,23 +245,31 @@ class Reference:
     def __init__(self, config, params):
         self.cls, self.kw = CONFIGS[config]
         self.params = [p.astype(np.float64) for p in params]
-        self.m = [np.zeros(p.shape) for p in params]
-        self.v = [np.zeros(p.shape) for p in params]
-        self.bufs = [None] * len(params)
+        self.state = [{} for _ in params]  # per tensor: state name -> float64 array
         self.t = 0
 
     def step(self, grads):
         self.t += 1
         kw = self.kw
         for i, g in enumerate(grads):
+            p, state = self.params[i], self.state[i]
             if self.cls is optim.SGD:
-                self.params[i], self.bufs[i] = ref_sgd(
-                    self.params[i], g, self.bufs[i], kw["lr"], kw.get("momentum", 0.0),
+                p, buf = ref_sgd(
+                    p, g, state.get("momentum_buffer"), kw["lr"], kw.get("momentum", 0.0),
                     kw.get("dampening", 0.0), kw["weight_decay"], kw.get("nesterov", False))
+                if buf is not None:
+                    state["momentum_buffer"] = buf
+            elif self.cls is optim.RMSprop:
+                p = ref_rmsprop(p, g, state, kw["lr"], kw["alpha"], kw["eps"], kw["weight_decay"],
+                                kw.get("momentum", 0.0), kw.get("centered", False))
+            elif self.cls is optim.Lion:
+                p = ref_lion(p, g, state, kw["lr"], kw["betas"], kw["weight_decay"])
             else:
-                self.params[i], self.m[i], self.v[i] = ref_adam(
-                    self.params[i], g, self.m[i], self.v[i], self.t, kw["lr"], *kw["betas"],
-                    kw["eps"], kw["weight_decay"], self.cls is optim.AdamW)
+                p, state["exp_avg"], state["exp_avg_sq"] = ref_adam(
+                    p, g, state.get("exp_avg", 0.0), state.get("exp_avg_sq", 0.0), self.t,
+                    kw["lr"], *kw["betas"], kw["eps"], kw["weight_decay"],
+                    self.cls is optim.AdamW)
+            self.params[i] = p
 
 
 @pytest.mark.parametrize("grads_mode", ["reused", "new"])
@@ -272,15 +312,10 @@ def test_classes_match_pytorch_reference_on_the_users_arrays(xp, rng, config, gr
         assert got.dtype == np.float32
         if want.size:
             assert rel_error(got, want) < 1e-5
-    if cls is not optim.SGD:
-        for name, states in (("exp_avg", ref.m), ("exp_avg_sq", ref.v)):
-            for got, want in zip(opt.state(name), states, strict=True):
-                if want.size:
-                    assert rel_error(got, want) < 1e-5
-    elif kw.get("momentum"):
-        for got, want in zip(opt.state("momentum_buffer"), ref.bufs, strict=True):
-            if want.size:
-                assert rel_error(got, want) < 1e-5
+    for name in opt._program.arrays[2:]:  # every state buffer the optimizer keeps
+        for got, state in zip(opt.state(name), ref.state, strict=True):
+            if got.size:
+                assert rel_error(got, state[name]) < 1e-5
     assert int(opt.step_count) == ACCEPTANCE_STEPS - len(SKIPPED_STEPS)
 
 
@@ -410,7 +445,7 @@ def test_step_inside_capture(xp, rng):
     close(p, ref)
 
 
-@pytest.mark.parametrize("config", ["adam", "sgd_nesterov"])
+@pytest.mark.parametrize("config", ["adam", "sgd_nesterov", "rmsprop_centered_momentum", "lion"])
 def test_captured_step_with_new_gradient_arrays_each_call(xp, rng, config):
     """An AD-style step that computes its gradients into NEW arrays each call, captured with
     gs.capture: over many replays the parameters follow the float64 reference of the values
@@ -598,7 +633,8 @@ def _run(opt, grads_list):
         opt.step(grads)
 
 
-@pytest.mark.parametrize("config", ["adam", "adamw", "sgd_momentum", "sgd_nesterov"])
+@pytest.mark.parametrize("config", ["adam", "adamw", "sgd_momentum", "sgd_nesterov",
+                                    "rmsprop_centered_momentum", "lion"])
 def test_state_dict_round_trip_resumes_bit_for_bit(xp, rng, config):
     cls, kw = CONFIGS[config]
     shapes, dtypes = [(3, 2), (5,), (4,)], [np.float32, np.float64, np.float32]

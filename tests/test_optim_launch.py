@@ -3,7 +3,8 @@
 Why this file exists: CI has no GPU, so the code that only CuPy runs -- address tables, block
 tables, the kernel that writes gradient addresses from its arguments, kernel arguments, the
 step-counter kernel, and what a CUDA graph replay does to them -- would otherwise first execute
-on a real device. Here a backend that is not host-evaluating (as CuPy) receives every
+on a real device. Here a backend that is not host-evaluating (as CuPy), and so gets the
+optimizers' CUDA executor (`gpuscalar.optim.executors.CudaExecutor`), receives every
 `launch_kernel` call, checks each argument against the C type of the generated kernel's
 parameter (a CuPy RawKernel passes a NumPy scalar by its dtype: a float64 for a ``const float``
 would be garbage on a GPU; a struct parameter takes a size-one NumPy array of the struct's
@@ -32,6 +33,7 @@ import gpuscalar as gs
 from gpuscalar import backend as backend_module
 from gpuscalar import optim, sync
 from gpuscalar.lazy import codegen
+from gpuscalar.optim import executors
 
 from .cupy_seam import parse_kernel
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
@@ -615,7 +617,7 @@ def test_the_emulator_rejects_a_wrongly_typed_argument(emu):
 
 
 def _scenario(device: EmulatedCuda, seed: int) -> list[np.ndarray]:
-    """Every kind of launch gpuscalar.optim makes, on ``device``: the five class configurations
+    """Every kind of launch gpuscalar.optim makes, on ``device``: every class configuration
     over mixed shapes (a tensor spanning three chunks, an empty one), reused and new gradients,
     a skipped step; two dtype groups with GPUScalar hyperparameters of several dtypes; the
     functional steps. Returns every array it updated, as NumPy copies."""
@@ -670,8 +672,9 @@ def test_generated_cuda_c_runs_natively(monkeypatch, tmp_path):
     expected = _scenario(emulated, seed=7)
     kernels = {name.removesuffix("_mt").rsplit("_", 1)[0] for name in emulated.sources.values()}
     assert kernels == {"gpuscalar_adam", "gpuscalar_adamw", "gpuscalar_sgd",
-                       "gpuscalar_sgd_momentum", "gpuscalar_sgd_nesterov", "gpuscalar_count",
-                       "gpuscalar_write"}
+                       "gpuscalar_sgd_momentum", "gpuscalar_sgd_nesterov", "gpuscalar_rmsprop",
+                       "gpuscalar_rmsprop_centered_momentum", "gpuscalar_lion",
+                       "gpuscalar_count", "gpuscalar_write"}
     native = EmulatedCuda(NativeKernels(emulated.sources, tmp_path))
     monkeypatch.setattr(backend_module, "BACKENDS", [native, *backend_module.BACKENDS[1:]])
     got = _scenario(native, seed=7)
@@ -692,7 +695,7 @@ def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rn
     def no_code(plan, prefix):
         raise codegen.FusionUnsupported("no fusable routine")
 
-    monkeypatch.setattr(optim, "_CUPY_FUSES", {})
+    monkeypatch.setattr(executors, "_CUPY_FUSES", {})
     monkeypatch.setattr(codegen, "plan_code", no_code)
     lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
     assert optim._route(lr)[0] == ("pointer", "float64") and lr.is_materialized

@@ -533,3 +533,43 @@ def test_clip_of_a_scalar_is_a_device_scalar(xp):
         results = [np.clip(s, 0, 1.0), np.clip(s, None, 1.0), np.clip(s, 5, None), s.clip(0, 4)]
     assert all(isinstance(r, gs.GPUScalar) and r.dtype == np.float64 for r in results)
     assert [host(r) for r in results] == [1.0, 1.0, 5.0, 3.0]
+
+
+# ---- static types of the generated operators and helpers ----------------------------------------
+
+
+def _type_checking_names(path: str, class_name: str | None) -> set[str]:
+    """The names declared in the ``if TYPE_CHECKING:`` block of ``class_name`` (or of the module,
+    for None) in gpuscalar's source file ``path``: what type checkers see of what is generated
+    at run time."""
+    import ast  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    tree = ast.parse((Path(gs.__file__).parent / path).read_text())
+    body = tree.body
+    if class_name is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == class_name).body
+    blocks = [n for n in body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    assert len(blocks) == 1
+    return {n.target.id for n in blocks[0].body if isinstance(n, ast.AnnAssign)}
+
+
+def test_declared_operator_types_match_the_operator_tables():
+    """GPUScalar's operators are generated from the tables; their static types are declared by
+    hand in the class. Both name exactly the same dunders (``__pow__`` is written out, with its
+    three-argument form), so a new table row without a declaration (or the reverse) fails."""
+    generated = {f"__{prefix}{stem}__" for stem in BINARY_OPERATORS for prefix in ("", "r")}
+    generated |= {f"__{stem}__" for stem in (*COMPARISON_OPERATORS, *UNARY_OPERATORS)}
+    declared = _type_checking_names("scalar.py", "GPUScalar")
+    assert declared | {"__pow__"} == generated
+    for name in generated:  # and each is there at run time, on every concrete class
+        assert callable(getattr(type(gs.asscalar(1.0)), name))
+
+
+def test_declared_helper_types_match_the_helper_table():
+    from gpuscalar import math as gs_math  # noqa: PLC0415
+
+    assert _type_checking_names("math.py", None) == set(gs_math.MATH_FUNCTIONS)
+    for public in gs_math.MATH_FUNCTIONS:
+        assert getattr(gs, public) is getattr(gs_math, public) is gs_math.HELPERS[public]
+        assert gs_math.HELPERS[public].__name__ == public

@@ -215,6 +215,13 @@ def test_bad_device_ids_are_rejected(bad):
             pass  # pragma: no cover - not reached
 
 
+def test_a_device_id_on_the_device_is_named_without_a_sync():
+    with gs.sync_guard("error"), pytest.raises(
+            ValueError, match="strict device id is an int >= 0, got a GPUScalar of dtype int64"):
+        with strict.device(gs.asscalar(1)):
+            pass  # pragma: no cover - not reached
+
+
 def test_host_array_assignment_through_a_plain_index_is_refused_as_in_cupy():
     x = xp.zeros(3)
     for host_data in (np.arange(3.0), [1.0, 2.0, 3.0]):
@@ -477,3 +484,125 @@ def test_a_gpuscalar_base_follows_np_power_not_pythons_pow():
                 got = gs.asscalar(-np.inf, like=xp.zeros(1)) ** 0.5
             assert np.asarray(got.item()).tobytes() == expected.tobytes()
     assert float("-inf") ** 0.5 == math.inf and np.isnan(expected)
+
+
+# ---- CuPy's launch counts that depend on more than the call (issue 15) --------------------------
+
+#: ``a[index] = value(a)`` on a 3x3 array, and whether CuPy 14 launches a copy for it
+SELF_ASSIGNMENTS = {
+    "whole": (Ellipsis, lambda a: a, False),
+    "its-view": (Ellipsis, lambda a: a[...], False),
+    "rows": (slice(1, None), lambda a: a[1:], False),
+    "row": (0, lambda a: a[0], False),
+    "column": ((slice(None), 1), lambda a: a[:, 1], False),
+    "leading-unit-dims": (Ellipsis, lambda a: a.reshape(1, 1, 3, 3), False),
+    "reinterpreted": (Ellipsis, lambda a: a.view(np.int64), False),  # CuPy checks no dtype
+    "shifted": (slice(1, None), lambda a: a[:-1], True),
+    "other-row": (0, lambda a: a[1], True),
+    "transposed": (Ellipsis, lambda a: a.T, True),
+    "broadcast-row": (Ellipsis, lambda a: a[0:1], True),
+}
+
+
+@pytest.mark.parametrize("case", list(SELF_ASSIGNMENTS))
+def test_assigning_an_array_onto_itself_launches_nothing_as_in_cupy(case):
+    """CuPy's ``_scatter_op`` returns without a launch when the value is the target view
+    itself (what ``a[...] += v`` stores back): the strict device counts what real CuPy code,
+    run over fake memory, launches (it stops at CUDA exactly when it would copy)."""
+    from .cupy_fake import fake_memory, from_host, host_view, reaches_cuda  # noqa: PLC0415
+
+    index, value, launches = SELF_ASSIGNMENTS[case]
+    data = np.arange(9.0).reshape(3, 3)
+    with fake_memory() as memory:
+        on_cupy = from_host(memory, data)
+        assert reaches_cuda(on_cupy.__setitem__, index, value(on_cupy)) == launches
+        if not launches:
+            np.testing.assert_array_equal(host_view(on_cupy), data)
+    a = xp.asarray(data)
+    with gs.count_syncs() as counter:
+        a[index] = value(a)
+    assert counter.device_ops == launches
+    expected = data.copy()
+    if launches:  # (else unchanged: CuPy does not even convert a reinterpreted view)
+        expected[index] = value(data)
+    np.testing.assert_array_equal(host(a), expected)
+
+
+def test_an_augmented_item_assignment_is_one_launch():
+    """``x[...] -= v`` is CuPy's in-place subtract on the view, then ``x[...] = view``, which
+    CuPy skips: one launch, as ``x -= v``; a materialized GPUScalar over the target is skipped
+    the same way, another value is copied."""
+    x = xp.asarray(np.arange(4.0))
+    with gs.count_syncs() as counter:
+        x[...] -= 1.0
+        x[1:] *= 2.0
+    assert counter.device_ops == 2
+    np.testing.assert_array_equal(host(x), [-1.0, 0.0, 2.0, 4.0])
+    z = xp.asarray(np.float64(3.0))
+    own, other = gs.GPUScalar(z), gs.asscalar(5.0, like=z)
+    with gs.count_syncs() as counter:
+        z[...] = own
+    assert counter.device_ops == (own.array is not z)
+    with gs.count_syncs() as counter:
+        z[...] = other
+    assert counter.device_ops == 1
+    assert host(z) == 5.0
+
+
+#: ``cupy.linalg.norm`` calls the fake CuPy device runs through CuPy's own code
+NORMS = {
+    "vector": ((5,), np.float64, {}),
+    "vector-ord-2": ((5,), np.float64, {"ord": 2}),
+    "int-vector": ((5,), np.int64, {}),
+    "complex-vector": ((5,), np.complex128, {}),
+    "matrix": ((3, 4), np.float64, {}),
+    "matrix-fro": ((3, 4), np.float64, {"ord": "fro"}),
+    "vector-ord-1": ((5,), np.float64, {"ord": 1}),
+    "vector-ord-0": ((5,), np.float64, {"ord": 0}),
+    "vector-ord-inf": ((5,), np.float64, {"ord": np.inf}),
+    "rows-ord-1": ((3, 4), np.float64, {"ord": 1, "axis": 1}),
+    "matrix-ord-inf": ((3, 4), np.float64, {"ord": np.inf}),
+    "matrix-ord-minus-1": ((3, 4), np.float32, {"ord": -1}),
+}
+
+
+@pytest.mark.parametrize("case", list(NORMS))
+def test_linalg_norm_counts_the_kernels_cupy_launches(case):
+    """``cupy.linalg.norm(v)`` is ``sqrt((v * v).sum())``: three launches, not one. CuPy's own
+    ``norm`` runs on the fake CuPy device, which counts each kernel; the strict device counts
+    as many and returns NumPy's value."""
+    from .cupy_device import fake_device  # noqa: PLC0415 - imports CuPy
+
+    shape, dtype, kwargs = NORMS[case]
+    data = (np.arange(np.prod(shape)).reshape(shape) - 4).astype(dtype)
+    if data.dtype.kind == "c":
+        data = data * (1 - 2j)
+    import cupy  # noqa: PLC0415 - after fake_device's check that CuPy is installed
+
+    with fake_device() as (fake_xp, log):
+        array = fake_xp.asarray(data)
+        before = log.launches
+        cupy.linalg.norm(array, **kwargs)
+        cupy_launches = log.launches - before
+    with gs.count_syncs() as counter:
+        got = xp.linalg.norm(xp.asarray(data), **kwargs)
+    assert counter.device_ops - 1 == cupy_launches  # (the upload of the data is one op)
+    np.testing.assert_allclose(host(got), np.linalg.norm(data, **kwargs), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "launches"),
+    [({"axis": 1}, 1), ({"axis": (0, 1)}, 1), ({"ord": 3, "axis": 1}, 5)],
+    ids=["rows", "both-axes", "rows-ord-3"],
+)
+def test_linalg_norm_counts_cupys_reduction_kernels(kwargs, launches):
+    """The norms the fake CuPy device cannot run (CuPy's ``_norm_ord2`` reduction kernel,
+    ``reciprocal`` of a Python number): counted from cupy/linalg/_norms.py, CuPy 14.2 — one
+    reduction for a 2-norm over axes; ``abs``, ``**=``, ``sum``, ``reciprocal``, ``**=`` for
+    another order."""
+    data = np.arange(12.0).reshape(3, 4)
+    x = xp.asarray(data)
+    with gs.count_syncs() as counter:
+        got = xp.linalg.norm(x, **kwargs)
+    assert counter.device_ops == launches
+    np.testing.assert_allclose(host(got), np.linalg.norm(data, **kwargs), rtol=1e-12)

@@ -47,14 +47,22 @@ def test_every_path_gives_the_same_answer(xp, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_capture_path_reads_what_the_gpuscalar_path_reads(name):
-    """Replays are one device op each; the host reads the same values between them."""
+    """Replays are one device op each; the host reads the same values between them, except
+    where the capture path is one `gs.while_loop`: there the device decides when to stop and
+    the host reads only the answers it returns (none, or the iteration count)."""
     from gpuscalar.tools import benchmarks
 
     workload = WORKLOADS[name]
     params = workload.params("quick")
     gs_syncs, _, _ = benchmarks.count_path(workload, "gpuscalar", params)
     capture_syncs, capture_ops, _ = benchmarks.count_path(workload, "capture", params)
-    assert capture_syncs == gs_syncs
+    if workload.loop_on_device:
+        answer_reads = sum(isinstance(v, int) for v in workload.run(
+            "capture", np, params).values())
+        assert capture_syncs == answer_reads < gs_syncs
+        assert capture_ops <= 10  # set-up and the loop itself, one device op
+    else:
+        assert capture_syncs == gs_syncs
     float_ops = benchmarks.count_path(workload, "float", params)[1]
     assert capture_ops < float_ops
 
@@ -80,8 +88,9 @@ def test_paths_do_not_mutate_their_inputs(name):
 
 # Exact gpuscalar-path syncs for the quick size, each derived from what the host reads.
 def _expected_gpuscalar_syncs(name, params, answer):
-    if name == "jacobi":  # one check per check_every iterations until no system is active
-        return math.ceil(int(np.max(answer["iterations"])) / params["check_every"])
+    if name in ("jacobi", "cg"):  # one check per check_every iterations until converged,
+        checks = math.ceil(int(np.max(answer["iterations"])) / params["check_every"])
+        return checks + (name == "cg")  # and cg's iteration count, read at the end
     return WORKLOADS[name].host_values_needed(params)
 
 
@@ -165,10 +174,11 @@ def test_unknown_names_are_rejected():
     [
         ("train_logging", {"steps": 0}, "'steps' must be a positive int, got 0"),
         ("train_logging", {"log_every": 2.5}, "'log_every' must be a positive int, got 2.5"),
-        ("clip_adam", {"max_norm": 0.0}, "'max_norm' must be > 0"),
+        ("clip_adam", {"max_norm": 0.0}, "'max_norm' must be a number > 0, got 0.0"),
         ("clip_adam", {"shapes": ()}, "'shapes' must name at least one"),
         ("broadcast_ad", {"rows": -1}, "'rows' must be a positive int"),
-        ("jacobi", {"tol": 0.0}, "'tol' must be > 0"),
+        ("jacobi", {"tol": 0.0}, "'tol' must be a number > 0"),
+        ("jacobi", {"tol": "1e-8"}, "'tol' must be a number > 0, got '1e-8'"),
         ("jacobi", {"check_every": 0}, "'check_every' must be a positive int"),
         ("lr_schedule", {"warmup": 100}, r"'warmup' \(100\) must be smaller than 'steps' \(100\)"),
     ],
@@ -176,3 +186,20 @@ def test_unknown_names_are_rejected():
 def test_bad_parameters_are_rejected(name, override, message):
     with pytest.raises(ValueError, match=message):
         WORKLOADS[name].params("quick", **override)
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "message"),
+    [
+        ("train_logging", {"steps": 3}, "'steps' must be a positive int, got a GPUScalar of "
+         "dtype int64"),
+        ("jacobi", {"tol": 1e-8}, "'tol' must be a number > 0, got a GPUScalar of dtype float64"),
+        ("clip_adam", {"max_norm": 1.0}, "'max_norm' must be a number > 0, got a GPUScalar"),
+    ],
+)
+def test_a_device_parameter_is_named_without_a_sync(name, override, message):
+    """A GPUScalar where a host number belongs: the error names it by type and dtype (showing
+    or comparing its value would read it from the device, a SyncError under the guard)."""
+    ((key, value),) = override.items()
+    with gs.sync_guard("error"), pytest.raises(ValueError, match=message):
+        WORKLOADS[name].params("quick", **{key: gs.asscalar(value)})

@@ -90,7 +90,7 @@ def _check_count(value: Any, name: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"gs.capture: {name} must be an int, got {type(value).__name__}")
     if value < least:
-        raise ValueError(f"gs.capture: {name} must be >= {least}, got {value}")
+        raise ValueError(f"gs.capture: {name} must be >= {least}, got {sync.describe(value)}")
     return int(value)
 
 
@@ -172,6 +172,10 @@ def _guarded(backend: Backend, *, recording: bool) -> Iterator[None]:
     capture), another capture may not start inside."""
     token = None
     if recording:
+        if ledger.in_loop_body():
+            raise RuntimeError("gs.capture: cannot capture inside a gs.while_loop or gs.cond "
+                               "body (it is recorded into the enclosing graph already); "
+                               "capture the whole loop instead")
         if _capturing.get(False):  # (a ContextVar, not a device read)
             raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
                                "nest (a captured step may replay another one)")
@@ -233,6 +237,11 @@ class _GraphResources:
     memory or destroying a cuBLAS handle synchronizes, which would invalidate it)."""
 
     __slots__ = ("device", "stream", "pool", "graph", "seam")
+    # CuPy objects (CuPy ships no types): the stream and pool until closed, the graph once
+    # recorded; None otherwise
+    stream: Any
+    pool: Any
+    graph: Any
 
     def __init__(self, device: object, stream: Any, pool: Any) -> None:
         self.device, self.stream, self.pool, self.graph = device, stream, pool, None
@@ -411,8 +420,9 @@ class CapturedStep:
         if self._released:
             raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
         sync.note_graph_replay()
-        if self.backend is CUPY and not _stream_capturing(self.device):
-            graph = self._resources.graph  # type: ignore[union-attr]
+        resources = self._resources  # not None exactly when the step was recorded on CuPy
+        if resources is not None and not _stream_capturing(self.device):
+            graph = resources.graph
             with CUPY.device_context(self.device), sync.one_device_op():
                 graph.launch()  # on the current stream: ordered with the caller's work
             return _fresh(self.backend, self._result)

@@ -255,17 +255,21 @@ def _empty_sum(backend: Backend, device: object, shape: tuple[int, ...], dtype: 
     return out
 
 
+def _operand_backend(value: Any, what: str) -> Backend:
+    """The backend of matmul operand ``what``, which must be a float32/float64 array."""
+    found = backend_of(value)
+    if found is None:
+        raise TypeError(f"gs.matmul: {what} must be a NumPy, strict or CuPy array, got "
+                        f"{type(value).__name__}")
+    if value.dtype not in MATMUL_DTYPES:
+        raise TypeError(f"gs.matmul: {what} must be float32 or float64, got {value.dtype}")
+    return found
+
+
 def _check_operands(a: Any, b: Any) -> Backend:
-    backend = backend_of(a)
-    for value, what in ((a, "a"), (b, "b")):
-        found = backend_of(value)
-        if found is None:
-            raise TypeError(f"gs.matmul: {what} must be a NumPy, strict or CuPy array, got "
-                            f"{type(value).__name__}")
-        if found is not backend:
-            raise TypeError(f"gs.matmul: a is a {backend.name} array but b is {found.name}")
-        if value.dtype not in MATMUL_DTYPES:
-            raise TypeError(f"gs.matmul: {what} must be float32 or float64, got {value.dtype}")
+    backend, found = _operand_backend(a, "a"), _operand_backend(b, "b")
+    if found is not backend:
+        raise TypeError(f"gs.matmul: a is a {backend.name} array but b is {found.name}")
     if a.dtype != b.dtype:
         raise TypeError(f"gs.matmul: a is {a.dtype} but b is {b.dtype}; cast one explicitly")
     if backend.multi_device and backend.device_of(a) != backend.device_of(b):

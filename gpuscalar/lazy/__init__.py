@@ -5,5 +5,11 @@ launches as possible is one idea in three steps, each with one home: `expr` (imm
 structural keys made when built, the size bound, the host evaluator), `codegen` (CUDA C for an
 expression, written as CuPy writes each operation, with FMA barriers) and `fusion` (where an
 expression is evaluated: one launch to materialize, none of its own inside an array operation;
-the bounded kernel and plan caches). Nothing here knows about GPUScalar's operators.
+the kernel and plan caches). Every cache here is bounded by one setting, `set_cache_size`
+(entries per cache, least recently used dropped first; `cache_size` reads it). Nothing here
+knows about GPUScalar's operators.
 """
+
+from .expr import cache_size, set_cache_size
+
+__all__ = ["cache_size", "set_cache_size"]

@@ -186,7 +186,7 @@ def leaf_code(dtype: np.dtype, prefix: str) -> ScalarCode:
     return ScalarCode(params=[(name, dtype, True)], value=f"{name}[0]", dtype=dtype)
 
 
-def scalar_code(root: tuple, prefix: str) -> ScalarCode:
+def scalar_code(root: expr.Node, prefix: str) -> ScalarCode:
     """Statements computing the expression ``root``; every name starts with ``prefix``.
 
     Device leaves are parameters read as ``name[0]`` (a raw 0-d CArray in an ElementwiseKernel
@@ -285,7 +285,7 @@ def _param_list(code: ScalarCode) -> list[str]:
     return [f"{'raw ' if leaf else ''}{dtype.name} {name}" for name, dtype, leaf in code.params]
 
 
-def materialize_spec(root: tuple) -> KernelSpec:
+def materialize_spec(root: expr.Node) -> KernelSpec:
     """The kernel that computes ``root`` into a new 0-d array ``_gs_out`` (one thread)."""
     code = scalar_code(root, "_gs_")
     plan = expr.plan_of(root)
@@ -307,7 +307,7 @@ class ArrayOperand:
 
     kind: str
     dtype: np.dtype
-    root: tuple | None = None
+    root: expr.Node | None = None
     keep: bool = False
 
 
@@ -354,7 +354,7 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
             sources.append((code.value, code.dtype))
             described.append(("k" if operand.keep else "s") + (
                 operand.dtype.str if operand.root is None
-                else expr.describe_structure(operand.root[0])))
+                else expr.describe_structure(operand.root.key)))
     body = []
     for i, dtype in enumerate(routine_op.in_types):
         body.append(f"typedef {cuda_type(dtype, headers)} in{i}_type;")

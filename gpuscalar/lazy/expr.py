@@ -6,7 +6,8 @@ kernel on an H100. So by default a GPUScalar operation does not launch anything:
 *node*, and the expression is evaluated where it is consumed, in one kernel or folded into the
 kernel that consumes it (`gpuscalar.fusion`).
 
-A node is an immutable tuple ``(key, size, op, *children)``:
+A node is a `Node`: an immutable tuple ``(key, size, op, children)`` with those fields named
+(``node.key``, ``node.size``, ``node.op``, ``node.children``), built only by `make_node`:
 
 - ``op`` is an interned `Op`: a NumPy ufunc (or ``where``, ``round``) with the loop it runs,
   decided when the node is built by `gpuscalar.promote` exactly as the eager operation would be,
@@ -31,7 +32,8 @@ as a float's arithmetic would be. A lookup that hits is a plain dict read (no lo
 node costs well under a microsecond); a miss takes `_TABLE_LOCK`, looks again, and only then
 hands out the next id or key, so two threads using an op or a shape for the first time together
 get one id or key (never the same id for two ops, which would share a kernel and give wrong
-values). Plans are an LRU bounded by `set_plan_cache_size` (a plan is rebuilt from its key);
+values). Plans are a `BoundedCache` (an LRU, bounded with fusion's kernel caches by one setting,
+`set_cache_size`; a plan is rebuilt from its key);
 structure keys are never dropped (a key lives in every node and kernel of its shape), so their
 table grows by ~`KEY_BYTES_PER_SHAPE` per distinct expression shape ever built.
 """
@@ -42,9 +44,11 @@ import contextlib
 import hashlib
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -55,6 +59,7 @@ __all__ = [
     "LAZY_ENV_VAR",
     "Op",
     "get_op",
+    "Node",
     "make_node",
     "leaf_key",
     "LEAF_KEYS",
@@ -70,8 +75,10 @@ __all__ = [
     "Plan",
     "plan_of",
     "plan_for_key",
-    "PLAN_CACHE_SIZE",
-    "set_plan_cache_size",
+    "BoundedCache",
+    "DEFAULT_CACHE_SIZE",
+    "cache_size",
+    "set_cache_size",
     "KEY_BYTES_PER_SHAPE",
     "evaluate_on_host",
     "evaluate_plan",
@@ -138,7 +145,7 @@ class Op:
     the same object with the same small ``id``."""
 
     __slots__ = ("kind", "name", "in_dtypes", "out_dtypes", "output", "param", "id",
-                 "signature")
+                 "signature", "keys")
 
     kind: str  # "ufunc", "where" or "round"
     name: str  # NumPy's ufunc name (or "where" / "round")
@@ -147,6 +154,8 @@ class Op:
     output: int  # which output of a multi-output ufunc (divmod, frexp, modf)
     param: Any  # round's decimals; None otherwise
     id: int
+    signature: tuple[np.dtype, ...]  # in_dtypes + out_dtypes
+    keys: dict[tuple[int, ...], int]  # the children's keys -> the structure key of a node
 
     @property
     def dtype(self) -> np.dtype:
@@ -183,6 +192,7 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
                 op.kind, op.name, op.in_dtypes, op.out_dtypes = kind, name, in_dtypes, out_dtypes
                 op.output, op.param, op.id = output, param, len(_OPS_BY_ID)
                 op.signature = in_dtypes + out_dtypes
+                op.keys = {}
                 _OPS_BY_ID.append(op)  # findable by id before its identity is published
                 _OPS[identity] = op
     return op
@@ -193,13 +203,14 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
 _KEYS: dict[tuple, int] = {}
 _KEY_STRUCTURE: list[tuple] = []  # key -> structure (for plans, names and debugging)
 
-#: Rough memory of the structure-key table per distinct expression shape (one node structure:
-#: its tuple of op id and child keys, the dict entry, the list slot and the int key), measured
-#: with tracemalloc over 10,000 distinct binary-op shapes on CPython 3.11 (129 bytes each; a
-#: three-operand ``where`` adds 8). A program builds a bounded set of shapes (a loop repeats
-#: its own), so this is the cost of its distinct expressions, e.g. ~1.3 MB for 10,000 of them;
-#: keys are never dropped, since every node and compiled kernel of a shape names it by key.
-KEY_BYTES_PER_SHAPE = 130
+#: Rough memory of the structure-key tables per distinct expression shape (one node structure:
+#: its tuple of op id and child keys, the dict entry, the list slot and the int key, plus the
+#: op's own entry, child keys -> key, that `make_node` looks up), measured with tracemalloc over
+#: 10,000 distinct binary-op shapes on CPython 3.11 (215 bytes each). A program builds a bounded
+#: set of shapes (a loop repeats its own), so this is the cost of its distinct expressions, e.g.
+#: ~2.2 MB for 10,000 of them; keys are never dropped, since every node and compiled kernel of a
+#: shape names it by key.
+KEY_BYTES_PER_SHAPE = 215
 
 
 def _intern(structure: tuple) -> int:
@@ -214,8 +225,7 @@ def _intern(structure: tuple) -> int:
     return key
 
 
-#: The hot path (gpuscalar.scalar's generated operators) builds a structure tuple itself and
-#: looks its key up here (a plain dict read), interning it (under the lock) only the first time.
+#: A node's structure key from its structure tuple (op id, child keys...): None if never built.
 find_key = _KEYS.get
 intern_key = _intern
 
@@ -245,30 +255,60 @@ def const_key(dtype: np.dtype) -> int:
     return key
 
 
+class Node(tuple):
+    """One pending operation: the tuple ``(key, size, op, children)`` with named fields.
+
+    A tuple subclass (not a dataclass) because recording a node is the hot path of every lazy
+    operation: building one is a single tuple construction. Build nodes only with `make_node`.
+    """
+
+    __slots__ = ()
+
+    #: The interned structure key (equal keys: equal ops, dtypes and leaf kinds).
+    key: int = property(itemgetter(0))  # type: ignore[assignment]
+    #: How many op nodes the tree holds (this one included).
+    size: int = property(itemgetter(1))  # type: ignore[assignment]
+    #: The `Op` this node applies.
+    op: Op = property(itemgetter(2))  # type: ignore[assignment]
+    #: The operands, in call order: nodes, 0-d device arrays (leaves) or NumPy scalars
+    #: (constants).
+    children: tuple[Any, ...] = property(itemgetter(3))  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Node({describe_structure(self[0])}, size={self[1]})"
+
+
 def is_node(value: Any) -> bool:
-    return type(value) is tuple
+    """Whether ``value`` is an expression node (not a leaf or a constant)."""
+    return type(value) is Node
 
 
 def child_key(child: Any) -> int:
     """The key of any child: a node's own, or that of its leaf or constant kind."""
-    if type(child) is tuple:
+    if type(child) is Node:
         return child[0]
     if isinstance(child, np.generic):
         return const_key(child.dtype)
     return leaf_key(child.dtype)
 
 
-def make_node(op: Op, children: tuple) -> tuple:
-    """A node applying ``op`` to ``children`` (nodes, 0-d device arrays, NumPy scalars)."""
-    size = 1
-    keys = [op.id]
-    for child in children:
-        if type(child) is tuple:
-            size += child[1]
-            keys.append(child[0])
-        else:
-            keys.append(child_key(child))
-    return (_intern(tuple(keys)), size, op, *children)
+def make_node(op: Op, children: tuple[Any, ...], keys: tuple[int, ...] | None = None,
+              size: int = 0) -> Node:
+    """THE constructor of a `Node`: ``op`` applied to ``children`` (a tuple of nodes, 0-d device
+    arrays and NumPy scalars), its structure key interned.
+
+    ``keys`` (each child's key, see `child_key`) and ``size`` (1 + the children's sizes) are
+    given by callers that already know them (the generated operators read a leaf's or a
+    constant's key from their loop tables): recording a node then costs one dict lookup (the
+    op's own table of child keys) and one tuple. Left out, they are computed from the children.
+    """
+    if keys is None:
+        keys = tuple(map(child_key, children))
+        size = 1 + sum(child.size for child in children if type(child) is Node)
+    key = op.keys.get(keys)
+    if key is None:
+        key = op.keys[keys] = _intern((op.id, *keys))  # the same key however many threads
+    return Node((key, size, op, children))
 
 
 def describe_structure(key: int) -> str:
@@ -303,23 +343,23 @@ def structure_name(key: int) -> str:
 # ---- walks ------------------------------------------------------------------------------------
 
 
-def postorder(root: tuple) -> Iterator[tuple[Any, bool]]:
+def postorder(root: Node) -> Iterator[tuple[Any, bool]]:
     """Every item of the tree, children before parents, left to right: ``(item, is_node)``.
     A subexpression used twice is visited twice (expressions are trees)."""
-    stack: list[tuple[Any, int]] = [(root, 3)]
+    stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
         item, next_child = stack.pop()
-        if type(item) is not tuple:
+        if type(item) is not Node:
             yield item, False
             continue
-        if next_child < len(item):
+        if next_child < len(item.children):
             stack.append((item, next_child + 1))
-            stack.append((item[next_child], 3))
+            stack.append((item.children[next_child], 0))
         else:
             yield item, True
 
 
-def leaves_of(root: tuple) -> list[Any]:
+def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
     as `postorder` meets them). Called for every evaluation, so it walks without a generator."""
     leaves: list[Any] = []
@@ -327,8 +367,8 @@ def leaves_of(root: tuple) -> list[Any]:
     pop, push, append = stack.pop, stack.extend, leaves.append
     while stack:
         item = pop()
-        if type(item) is tuple:
-            push(item[:2:-1])  # the children, last first: popped left to right
+        if type(item) is Node:
+            push(item[3][::-1])  # the children, last first: popped left to right
         else:
             append(item)
     return leaves
@@ -370,49 +410,115 @@ class Plan:
         self.name = structure_name(key)
 
 
-#: How many plans `plan_of` keeps (least recently used dropped first); `set_plan_cache_size`.
-PLAN_CACHE_SIZE = 4096
-_PLANS: OrderedDict[int, Plan] = OrderedDict()
+# ---- bounded caches -----------------------------------------------------------------------------
+
+#: Default bound of each cache of gpuscalar.lazy: structure plans here, and `fusion`'s compiled
+#: kernels, CuPy dispatch plans and loop pins.
+DEFAULT_CACHE_SIZE = 1024
+_cache_size = DEFAULT_CACHE_SIZE
+_MISSING = object()
+#: Every `BoundedCache` alive, trimmed together when the bound changes.
+_CACHES: weakref.WeakSet[BoundedCache] = weakref.WeakSet()
 
 
-def set_plan_cache_size(size: int) -> int:
-    """Bound the plan cache to ``size`` plans (>= 1) and return the previous bound.
+class BoundedCache:
+    """A least-recently-used map holding at most `cache_size` entries, safe under threads.
 
-    A plan costs ~160 bytes per op node (tracemalloc, CPython 3.11); a program's loop reuses
-    a handful of shapes, so the default (4096) only matters to programs that build ever new
-    expression shapes. A dropped plan is rebuilt from its key when needed again (a tree walk,
-    no compilation). Process-wide, like the tables it bounds.
+    Why: kernels and dispatch plans are cached by structure, and a program that keeps making
+    new structures (new dtypes, ufuncs, expression shapes) must not grow without bound. An
+    evicted entry only costs a rebuild (the same kernel source, so CuPy's own compile cache
+    answers). A hit is a lock-free dict read plus a move to the end (one C call each); a miss
+    builds the value under the cache's lock, so threads meeting a structure for the first time
+    together build it once and all get the same object.
     """
-    global PLAN_CACHE_SIZE
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"set_plan_cache_size() takes an int >= 1, got {size!r}")
-    with _TABLE_LOCK:
-        previous, PLAN_CACHE_SIZE = PLAN_CACHE_SIZE, size
-        while len(_PLANS) > size:
-            _PLANS.popitem(last=False)
+
+    __slots__ = ("_data", "_lock", "__weakref__")
+
+    def __init__(self) -> None:
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.RLock()
+        _CACHES.add(self)
+
+    def get(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
+        """The value for ``key``; ``make(*args)`` builds it (once) when it is not cached."""
+        data = self._data
+        value = data.get(key, _MISSING)
+        if value is _MISSING:
+            return self._miss(key, make, args)
+        try:
+            data.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile: the value is still right
+            pass
+        return value
+
+    def _miss(self, key: Any, make: Callable[..., Any], args: tuple) -> Any:
+        with self._lock:
+            value = self._data.get(key, _MISSING)
+            if value is _MISSING:
+                value = make(*args)
+                self._data[key] = value
+                self.trim()
+            return value
+
+    def trim(self) -> None:
+        """Evict the least recently used entries past `cache_size`."""
+        with self._lock:
+            while len(self._data) > _cache_size:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def values(self) -> list[Any]:
+        return list(self._data.values())
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._data))
+
+
+def cache_size() -> int:
+    """The bound on each cache of gpuscalar.lazy: structure plans, compiled fused kernels, CuPy
+    dispatch plans and loop pins (each at most this many entries; `DEFAULT_CACHE_SIZE` unless
+    set)."""
+    return _cache_size
+
+
+def set_cache_size(size: int) -> int:
+    """Bound each cache of gpuscalar.lazy to ``size`` entries (least recently used evicted
+    first; an evicted kernel or plan is rebuilt when next needed, with the same result: a plan
+    is a tree walk, a kernel CuPy's own compile cache answers). Returns the previous bound. A
+    dispatch plan holds its kernel, so at most twice ``size`` kernels stay alive. A structure
+    plan costs ~160 bytes per op node (tracemalloc, CPython 3.11); process-wide."""
+    global _cache_size
+    if type(size) is not int:
+        raise TypeError(f"set_cache_size: the bound must be an int, got {type(size).__name__}")
+    if size < 1:
+        raise ValueError(f"set_cache_size: the bound must be >= 1, got {size}")
+    previous, _cache_size = _cache_size, size
+    for cache in list(_CACHES):
+        cache.trim()
     return previous
+
+
+#: key -> `Plan`, least recently used dropped first past `cache_size`.
+_PLANS = BoundedCache()
 
 
 def plan_for_key(key: int) -> Plan:
     """The (cached) plan of the structure ``key``: O(1) after the first use of a shape."""
-    plan = _PLANS.get(key)
-    if plan is not None:
-        try:
-            _PLANS.move_to_end(key)
-        except KeyError:  # another thread dropped it just now: still a valid plan
-            pass
-        return plan
-    plan = Plan(key)  # outside the lock: concurrent misses build equal plans
-    with _TABLE_LOCK:
-        _PLANS[key] = plan
-        while len(_PLANS) > PLAN_CACHE_SIZE:
-            _PLANS.popitem(last=False)
-    return plan
+    return _PLANS.get(key, Plan, key)
 
 
-def plan_of(root: tuple) -> Plan:
+def plan_of(root: Node) -> Plan:
     """The (cached) plan of ``root``'s structure: O(1) after the first expression of a shape."""
-    return plan_for_key(root[0])
+    return plan_for_key(root.key)
 
 
 # ---- the host evaluator ---------------------------------------------------------------------
@@ -430,7 +536,7 @@ def _apply_on_host(op: Op, args: list[Any]) -> Any:
     raise AssertionError(f"unknown op kind {op.kind!r}")
 
 
-def evaluate_on_host(root: tuple, host_data: Callable[[Any], Any]) -> np.ndarray:
+def evaluate_on_host(root: Node, host_data: Callable[[Any], Any]) -> np.ndarray:
     """The value of ``root`` as a NumPy 0-d array, computed with NumPy on the leaves' host data
     (``host_data``: the backend's accessor). IEEE results, no warnings: a kernel cannot warn."""
     return evaluate_plan(plan_of(root), leaves_of(root), host_data)

@@ -23,16 +23,12 @@ and the fold must stay well below it): everything `fused_ufunc` decides on CuPy 
 dtypes (CuPy's routine for the loop, the kernel, output dtypes, kept scalars) is one cached
 *plan*, keyed by exactly what it was decided from, so a repeated fold is one dict lookup, the
 leaves and the launch (``bench/fold_overhead.py`` measures it). The kernel, plan and loop-pin
-caches are `BoundedCache`\\ s: least-recently-used, at most `cache_size` entries each
-(`set_cache_size`; `DEFAULT_CACHE_SIZE` = 1024), lock-free on a hit and built once under a
-lock when threads miss together. Eviction only costs a rebuild (the same source).
+caches are `expr.BoundedCache`\\ s, bounded with `expr`'s structure plans by one setting,
+``gpuscalar.lazy.set_cache_size``. Eviction only costs a rebuild (the same source).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -40,78 +36,13 @@ import numpy as np
 
 from ..backend import CUPY, NUMPY, Backend
 from . import codegen, expr
+from .expr import DEFAULT_CACHE_SIZE, BoundedCache, cache_size, set_cache_size
 
-__all__ = ["materialize", "fused_ufunc", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
+__all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize",
+           "fused_ufunc", "DEFAULT_CACHE_SIZE", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
            "cupy_fuses_keywords", "BoundedCache", "cache_size", "set_cache_size"]
 
-# ---- bounded caches ---------------------------------------------------------------------------
-
-#: Default bound of each of this module's caches (compiled kernels, dispatch plans, loop pins).
-DEFAULT_CACHE_SIZE = 1024
-_cache_size = DEFAULT_CACHE_SIZE
-_MISSING = object()
-#: Every `BoundedCache` alive, trimmed together when the bound changes.
-_CACHES: weakref.WeakSet[BoundedCache] = weakref.WeakSet()
-
-
-class BoundedCache:
-    """A least-recently-used map holding at most `cache_size` entries, safe under threads.
-
-    Why: kernels and dispatch plans are cached by structure, and a program that keeps making
-    new structures (new dtypes, ufuncs, expression shapes) must not grow without bound. An
-    evicted entry only costs a rebuild (the same kernel source, so CuPy's own compile cache
-    answers). A hit is a lock-free dict read plus a move to the end (one C call each); a miss
-    builds the value under the cache's lock, so threads meeting a structure for the first time
-    together build it once and all get the same object.
-    """
-
-    __slots__ = ("_data", "_lock", "__weakref__")
-
-    def __init__(self) -> None:
-        self._data: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.RLock()
-        _CACHES.add(self)
-
-    def get(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
-        """The value for ``key``; ``make(*args)`` builds it (once) when it is not cached."""
-        data = self._data
-        value = data.get(key, _MISSING)
-        if value is _MISSING:
-            return self._miss(key, make, args)
-        try:
-            data.move_to_end(key)
-        except KeyError:  # evicted by another thread meanwhile: the value is still right
-            pass
-        return value
-
-    def _miss(self, key: Any, make: Callable[..., Any], args: tuple) -> Any:
-        with self._lock:
-            value = self._data.get(key, _MISSING)
-            if value is _MISSING:
-                value = make(*args)
-                self._data[key] = value
-                self.trim()
-            return value
-
-    def trim(self) -> None:
-        """Evict the least recently used entries past `cache_size`."""
-        with self._lock:
-            while len(self._data) > _cache_size:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-    def values(self) -> list[Any]:
-        return list(self._data.values())
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._data
-
+# ---- bounded caches (`expr.BoundedCache`: one LRU, one bound for plans and kernels) ---------
 
 #: (kind, structure...) -> compiled ElementwiseKernel, or None where fusion is unsupported.
 _KERNELS = BoundedCache()
@@ -119,27 +50,6 @@ _KERNELS = BoundedCache()
 _PLANS = BoundedCache()
 #: (ufunc name, dtype) -> whether dtype= pins CuPy's loop (`dtype_pins_loop`).
 _PINNED = BoundedCache()
-
-
-def cache_size() -> int:
-    """The bound on each of this module's caches: compiled fused kernels, CuPy dispatch plans
-    and loop pins (each at most this many entries; `DEFAULT_CACHE_SIZE` unless set)."""
-    return _cache_size
-
-
-def set_cache_size(size: int) -> int:
-    """Bound each cache of this module to ``size`` entries (least recently used evicted first;
-    an evicted kernel or plan is rebuilt when next needed, with the same result). Returns the
-    previous bound. A plan holds its kernel, so at most twice ``size`` kernels stay alive."""
-    global _cache_size
-    if type(size) is not int:
-        raise TypeError(f"set_cache_size: the bound must be an int, got {type(size).__name__}")
-    if size < 1:
-        raise ValueError(f"set_cache_size: the bound must be >= 1, got {size}")
-    previous, _cache_size = _cache_size, size
-    for cache in list(_CACHES):
-        cache.trim()
-    return previous
 
 
 def kernel_count() -> int:
@@ -151,29 +61,121 @@ def _first_array(values: list[Any]) -> Any:
     return next(v for v in values if not isinstance(v, np.generic))
 
 
-# ---- materialization ----------------------------------------------------------------------------
+# ---- executors: chosen once per backend ----------------------------------------------------
 
 
-def materialize(backend: Backend, root: tuple, device: object) -> Any:
+class Executor:
+    """How pending expressions are evaluated on one backend: chosen once (`executor_for`), so
+    no consumer asks "which backend?" again.
+
+    This base class is the eager executor (any backend without fusion: one backend call per
+    operation, the same results); `HostExecutor` evaluates with NumPy on the host data (NumPy
+    and the strict device), `CupyExecutor` generates one fused kernel.
+    """
+
+    __slots__ = ("backend",)
+
+    #: Whether the backend's array operators hand a GPUScalar operand to its reflected operator
+    #: when its ``__array_ufunc__`` reads None (CuPy: see `gpuscalar.scalar._DeferToReflected`),
+    #: so that ``g * lr_expr`` folds ``lr_expr`` into one kernel.
+    defers_to_reflected = False
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def materialize(self, root: expr.Node, device: object) -> Any:
+        """The 0-d array holding the value of ``root``: one counted device op."""
+        return _replay_eagerly(self.backend, root)
+
+    def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
+                    pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+        """See the module function `fused_ufunc`; ``keep`` is already empty for an empty
+        operation."""
+        return self.unfused_ufunc(name, operands, kwargs, pending, keep)
+
+    def unfused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
+                      pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+        """The pending scalars evaluated first (one op each), then the eager call."""
+        backend = self.backend
+        evaluated = list(operands)
+        for position, root in pending.items():
+            leaf = _first_array(expr.leaves_of(root))  # the scalar's own device
+            evaluated[position] = self.materialize(root, backend.device_of(leaf))
+        kept = {position: evaluated[position] for position in keep}
+        return backend.call(backend.ufunc(name), *evaluated, **kwargs), kept
+
+
+class HostExecutor(Executor):
+    """NumPy and the strict device: "one kernel" is one counted device op evaluating the same
+    ufuncs on the same loops with NumPy (`expr.evaluate_on_host`): the eager results, bit for
+    bit."""
+
+    __slots__ = ()
+
+    def materialize(self, root: expr.Node, device: object) -> Any:
+        return self.backend.call(_materialize_on_host, self.backend, root)
+
+    def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
+                    pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+        backend = self.backend
+        return backend.call(_fused_on_host, backend, name, operands, kwargs, pending, keep)
+
+
+class CupyExecutor(Executor):
+    """CuPy: one generated ``ElementwiseKernel`` per expression structure; what CuPy cannot
+    fuse is evaluated eagerly (the base class)."""
+
+    __slots__ = ()
+    defers_to_reflected = True
+
+    def materialize(self, root: expr.Node, device: object) -> Any:
+        backend = self.backend
+        kernel = _cached_kernel(("materialize", root.key), codegen.materialize_spec, root)
+        if kernel is None:
+            return _replay_eagerly(backend, root)
+        with backend.device_context(device):
+            out = backend.xp.empty((), dtype=root.op.dtype)
+            backend.call(kernel, *expr.leaves_of(root), out)
+        return out
+
+    def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
+                    pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+        if cupy_fuses_keywords(kwargs):
+            found = _fused_on_cupy(self.backend, name, operands, kwargs, pending, keep)
+            if found is not NotImplemented:
+                return found
+        return self.unfused_ufunc(name, operands, kwargs, pending, keep)
+
+
+_EXECUTORS: dict[Backend, Executor] = {}
+
+
+def executor_for(backend: Backend) -> Executor:
+    """The executor of ``backend`` (made once): THE place where evaluation depends on which
+    backend runs it."""
+    executor = _EXECUTORS.get(backend)
+    if executor is None:
+        if backend.evaluates_on_host:
+            executor = HostExecutor(backend)
+        elif backend is CUPY:
+            executor = CupyExecutor(backend)
+        else:
+            executor = Executor(backend)
+        executor = _EXECUTORS.setdefault(backend, executor)
+    return executor
+
+
+def materialize(backend: Backend, root: expr.Node, device: object) -> Any:
     """The 0-d array holding the value of the expression ``root``: one counted device op."""
-    if backend.evaluates_on_host:
-        return backend.call(_materialize_on_host, backend, root)
-    if backend is CUPY:
-        kernel = _cached_kernel(("materialize", root[0]), codegen.materialize_spec, root)
-        if kernel is not None:
-            with backend.device_context(device):
-                out = backend.xp.empty((), dtype=root[2].dtype)
-                backend.call(kernel, *expr.leaves_of(root), out)
-            return out
-    return _replay_eagerly(backend, root)
+    return executor_for(backend).materialize(root, device)
 
 
-def _materialize_on_host(backend: Backend, root: tuple) -> Any:
+def _materialize_on_host(backend: Backend, root: expr.Node) -> Any:
     value = expr.evaluate_on_host(root, backend.host_data)
     return backend.from_host_data(value, _first_array(expr.leaves_of(root)))
 
 
-def _replay_eagerly(backend: Backend, root: tuple) -> Any:
+def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
     """The eager evaluation, one backend call per operation (for ops CuPy cannot fuse)."""
     plan = expr.plan_of(root)
     leaves = expr.leaves_of(root)
@@ -214,7 +216,8 @@ def _build_kernel(make_spec: Callable[..., codegen.KernelSpec], args: tuple) -> 
 
 
 def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                pending: dict[int, tuple], keep: frozenset[int] = frozenset()) -> tuple[Any, dict]:
+                pending: dict[int, expr.Node],
+                keep: frozenset[int] = frozenset()) -> tuple[Any, dict]:
     """``ufunc(*operands, **kwargs)`` where the GPUScalar operands at the positions in
     ``pending`` are unevaluated expressions (the others already are arrays or numbers, as the
     eager call would pass them): ONE device op computes the scalars and the array operation.
@@ -231,18 +234,7 @@ def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[s
     """
     if keep and _is_empty(backend, operands, kwargs.get("out")):
         keep = frozenset()
-    if backend.evaluates_on_host:
-        return backend.call(_fused_on_host, backend, name, operands, kwargs, pending, keep)
-    if backend is CUPY and cupy_fuses_keywords(kwargs):
-        found = _fused_on_cupy(backend, name, operands, kwargs, pending, keep)
-        if found is not NotImplemented:
-            return found
-    evaluated = list(operands)
-    for position, root in pending.items():
-        leaf = _first_array(expr.leaves_of(root))  # the scalar's own device, not the current
-        evaluated[position] = materialize(backend, root, backend.device_of(leaf))
-    kept = {position: evaluated[position] for position in keep}
-    return backend.call(backend.ufunc(name), *evaluated, **kwargs), kept
+    return executor_for(backend).fused_ufunc(name, operands, kwargs, pending, keep)
 
 
 #: The keyword arguments `_fused_on_cupy` implements (with ``casting="unsafe"`` only).
@@ -273,7 +265,7 @@ def _host_argument(backend: Backend, value: Any) -> Any:
 
 
 def _fused_on_host(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                   pending: dict[int, tuple], keep: frozenset[int]) -> tuple[Any, dict]:
+                   pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
     data = backend.host_data
     args = []
     like = _first_array([o for o in operands if backend.owns(o)])
@@ -353,43 +345,38 @@ def _pins_loop(name: str, dtype: np.dtype) -> bool:
         return False
 
 
-#: A Python int CuPy passes as uint64 (`numpy_dtype_from_pyscalar`): its plan differs.
-_UINT64_INT = "int>=2**63"
 _PYTHON_KINDS = frozenset({bool, float, complex})
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                   pending: dict[int, tuple], keep: frozenset[int]) -> Any:
+                   pending: dict[int, expr.Node], keep: frozenset[int]) -> Any:
     """The fused launch on CuPy, or NotImplemented where CuPy has no fusable routine (or an
     output partly overlaps an input). Everything decided from the operands' kinds and dtypes
     (CuPy's routine, the kernel, the outputs' dtypes, which scalars are kept) is one cached
     plan, keyed by exactly what it was decided from: a repeated fold is one lookup and the
     launch. Only values are looked at per call: leaves, overlaps, the device, the shape."""
-    xp = backend.xp
-    ndarray = xp.ndarray
     out = kwargs.get("out")
     outs = () if out is None else (out if type(out) is tuple else (out,))
     key: list[Any] = [name, kwargs.get("dtype")]
     args: list[Any] = []
+    leaves_of = expr.leaves_of
     for position, operand in enumerate(operands):
         root = pending.get(position)
         if root is not None:
-            key.append((root[0], position in keep))
-            args += expr.leaves_of(root)
+            key.append((root.key, position in keep))
+            args += leaves_of(root)
             continue
         kind = type(operand)
-        if isinstance(operand, ndarray):  # an array, or a materialized GPUScalar's 0-d array
-            key.append(operand.dtype)
-        elif kind in _PYTHON_KINDS:
-            key.append(kind)
-        elif kind is int:
-            key.append(int if operand < 0x8000000000000000 else _UINT64_INT)
-        else:
-            key.append(("value", np.asarray(operand).dtype))  # a NumPy scalar, ...
+        key.append(kind)  # an array (or a materialized GPUScalar's 0-d array) or a number
+        if kind is int:
+            key.append(operand < 0x8000000000000000)  # else CuPy passes it as uint64
+        elif kind not in _PYTHON_KINDS:
+            dtype = getattr(operand, "dtype", None)
+            key.append(np.asarray(operand).dtype if dtype is None else dtype)
         args.append(operand)
     if outs:
         key.append(tuple(o.dtype for o in outs))
-        if _any_overlap(outs, args, ndarray):
+        if _any_overlap(outs, args, backend.xp.ndarray):
             return NotImplemented  # partial overlap: CuPy's ufunc copies inputs first; so do we
     plan = _PLANS.get(tuple(key), _make_plan, backend, name, operands, kwargs, pending, keep,
                       outs, args)
@@ -400,9 +387,10 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
         if not kept_dtypes:
             result = backend.call(kernel, *args, *outs)
             return (result if out is None else out), {}
+        xp = backend.xp
         kept = {position: xp.empty((), dtype=dtype) for position, dtype in kept_dtypes}
         if not outs:  # a raw side output means every output is passed
-            shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, ndarray)))
+            shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, xp.ndarray)))
             outs = tuple(xp.empty(shape, dtype=d) for d in out_dtypes)
         result = backend.call(kernel, *args, *outs, *kept.values())
     result = result[:len(out_dtypes)]
@@ -411,7 +399,7 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
 
 
 def _make_plan(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-               pending: dict[int, tuple], keep: frozenset[int], outs: tuple,
+               pending: dict[int, expr.Node], keep: frozenset[int], outs: tuple,
                args: list[Any]) -> tuple | None:
     """What `_fused_on_cupy` decides once per key: (kernel, output dtypes, (position, dtype)
     of each kept scalar, index in the arguments of the array whose device runs the launch);
@@ -425,9 +413,9 @@ def _make_plan(backend: Backend, name: str, operands: list[Any], kwargs: dict[st
     for position, operand in enumerate(operands):
         if position in pending:
             root = pending[position]
-            in_types.append(root[2].dtype)
+            in_types.append(root.op.dtype)
             weaks.append(False)
-            described.append(codegen.ArrayOperand("scalar", root[2].dtype, root,
+            described.append(codegen.ArrayOperand("scalar", root.op.dtype, root,
                                                   position in keep))
         elif backend.owns(operand):
             in_types.append(operand.dtype)
@@ -445,14 +433,14 @@ def _make_plan(backend: Backend, name: str, operands: list[Any], kwargs: dict[st
         return None
     out_dtypes = tuple(o.dtype for o in outs) if outs else tuple(routine_op.out_types)
     kernel_key = ("fused", name, tuple(routine_op.in_types), tuple(routine_op.out_types),
-                  tuple((d.kind, d.dtype, None if d.root is None else d.root[0], d.keep)
+                  tuple((d.kind, d.dtype, None if d.root is None else d.root.key, d.keep)
                         for d in described),
                   out_dtypes)
     kernel = _cached_kernel(kernel_key, codegen.fused_spec, name, routine_op, described,
                             out_dtypes)
     if kernel is None:
         return None
-    kept_dtypes = tuple((p, pending[p][2].dtype) for p in sorted(keep))
+    kept_dtypes = tuple((p, pending[p].op.dtype) for p in sorted(keep))
     device_index = next(i for i, a in enumerate(args) if backend.owns(a))
     return kernel, out_dtypes, kept_dtypes, device_index
 
@@ -481,4 +469,6 @@ def _overlaps(out: Any, other: Any) -> bool:
     if other.data.ptr == out.data.ptr and other.shape == out.shape and (
             other.strides == out.strides):
         return False
-    return bool(_may_share_bounds(out, other))
+    may_share = _may_share_bounds
+    assert may_share is not None  # set by `_any_overlap`, the only caller
+    return bool(may_share(out, other))

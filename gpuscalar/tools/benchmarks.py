@@ -20,6 +20,7 @@ overhead; see the README's "Benchmarks" section.
 from __future__ import annotations
 
 import argparse
+import builtins
 import datetime
 import json
 import platform
@@ -29,7 +30,6 @@ import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from .. import backend as backend_module
 from ..reduce import max as device_max
 from ..reduce import sum as device_sum
 from ..scalar import GPUScalar
-from .workloads import PATHS, WORKLOADS, Workload, get_workload
+from .workloads import PATHS, WORKLOADS, ArrayModule, Workload, get_workload
 
 __all__ = [
     "PathResult",
@@ -101,15 +101,15 @@ class WorkloadResult:
     capture: PathResult
     #: answer key -> largest absolute difference between the float path's answer and each
     #: other path's (backend run)
-    max_difference: dict[str, float]
+    max_difference: dict[str, builtins.float]  # `float` here is the field above
 
     @property
-    def time_ratio(self) -> float:
+    def time_ratio(self) -> builtins.float:
         """Float-path median time over gpuscalar median time (> 1: gpuscalar is faster)."""
         return self.float.median_s / self.gpuscalar.median_s
 
     @property
-    def capture_ratio(self) -> float:
+    def capture_ratio(self) -> builtins.float:
         """Float-path median time over the captured path's (> 1: the graphs are faster)."""
         return self.float.median_s / self.capture.median_s
 
@@ -131,7 +131,7 @@ def settle(answer: dict[str, Any]) -> None:
                 return
 
 
-def _time_path(workload: Workload, path: str, xp: ModuleType, params: dict[str, Any],
+def _time_path(workload: Workload, path: str, xp: ArrayModule, params: dict[str, Any],
                repeats: int) -> tuple[list[float], int, dict[str, Any]]:
     inputs = workload.make_inputs(xp, params)
     settle(inputs)
@@ -150,7 +150,7 @@ def measure(workload: Workload, backend: backend_module.Backend, size: str = "de
             repeats: int = 5) -> WorkloadResult:
     """Count and time both paths of ``workload`` at ``size`` on ``backend``."""
     if type(repeats) is not int or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        raise ValueError(f"repeats must be a positive int, got {sync.describe(repeats)}")
     params = workload.params(size)
     xp = backend.xp
     paths, answers = {}, {}
@@ -181,9 +181,9 @@ def max_difference(a: Any, b: Any) -> float:
     one backend), computed on the device and read once."""
     if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float)):
         return max(max_difference(x, y) for x, y in zip(a, b, strict=True))
-    if backend_module.backend_of(a) is None and backend_module.backend_of(b) is None:
-        return float(np.max(np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))))
     backend = backend_module.backend_of(a) or backend_module.backend_of(b)
+    if backend is None:
+        return float(np.max(np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))))
     xp = backend.xp
     a, b = xp.asarray(a), xp.asarray(b)
     return float(device_max(xp.abs(a - b)))

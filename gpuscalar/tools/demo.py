@@ -151,7 +151,7 @@ def run(backend: Backend, steps: int, repeats: int = 5) -> dict[str, Any]:
     warm-up run each on ``backend`` (its answers are the ones reported), then ``repeats`` timed
     runs each on ``backend`` (median reported)."""
     if type(repeats) is not int or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        raise ValueError(f"repeats must be a positive int, got {sync.describe(repeats)}")
     xp = backend.xp
     results: dict[str, Any] = {"repeats": repeats, "warmup_runs": 1}
     for name, path in PATHS.items():

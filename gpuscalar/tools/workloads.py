@@ -25,18 +25,21 @@ needs, device arrays for the rest.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .. import math as gsm
 from .. import reduce as gsr
 from .. import scalar as gss
+from ..control import while_loop
 from ..cuda.graphs import CapturedStep, capture
 from ..cuda.linalg import matmul
 from ..optim import Adam, clip_grad_norm, sgd_step
+from ..sync import describe
 
 __all__ = ["Workload", "WORKLOADS", "SIZES", "PATHS", "get_workload", "warmup_cosine"]
 
@@ -48,6 +51,9 @@ SIZES: tuple[str, str] = ("quick", "default")
 Params = Mapping[str, Any]
 Inputs = dict[str, Any]
 Answer = dict[str, Any]
+#: The array module ``xp`` a path computes with: ``numpy``, ``cupy`` or `gpuscalar.strict.xp`
+#: (a namespace object standing for a module, so not a `types.ModuleType`).
+ArrayModule = Any
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class Workload:
 
     name: str
     description: str
-    make_inputs: Callable[[ModuleType, Params], Inputs]
+    make_inputs: Callable[[ArrayModule, Params], Inputs]
     float_path: Callable[..., Answer]
     gpuscalar_path: Callable[..., Answer]
     capture_path: Callable[..., Answer]
@@ -66,6 +72,9 @@ class Workload:
     host_values_reason: str
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
     validate: Callable[[Params], None] = lambda params: None
+    #: whether the capture path is one `gs.while_loop` (the device decides when to stop: it
+    #: reads nothing on the host, where the other paths read a decision per check)
+    loop_on_device: bool = False
 
     def params(self, size: str = "default", **overrides: Any) -> dict[str, Any]:
         """The parameters of a size preset, with ``overrides`` applied and validated."""
@@ -85,7 +94,7 @@ class Workload:
         return getattr(self, f"{path}_path")
 
     def run(
-        self, path: str, xp: ModuleType, params: Params, inputs: Inputs | None = None
+        self, path: str, xp: ArrayModule, params: Params, inputs: Inputs | None = None
     ) -> Answer:
         """Run one version on ``xp`` (making fresh inputs when none are given)."""
         function = self.path(path)
@@ -98,7 +107,15 @@ def _positive_ints(params: Params, *names: str) -> None:
     for name in names:
         value = params[name]
         if type(value) is not int or value < 1:
-            raise ValueError(f"parameter {name!r} must be a positive int, got {value!r}")
+            raise ValueError(
+                f"parameter {name!r} must be a positive int, got {describe(value)}")
+
+
+def _positive_number(params: Params, name: str) -> None:
+    """A host number > 0 (a device value would be compared, and named, by a sync)."""
+    value = params[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"parameter {name!r} must be a number > 0, got {describe(value)}")
 
 
 def _rng(params: Params) -> np.random.Generator:
@@ -121,6 +138,16 @@ def _captured(step: Callable[[], Any], state: list[Any], steps: int = 1) -> Capt
     return captured
 
 
+def _repeated(step: Callable[[], None], times: int) -> Callable[[], None]:
+    """``step`` run ``times`` times in a row: the body of one captured chunk of steps."""
+
+    def chunk() -> None:
+        for _ in range(times):
+            step()
+
+    return chunk
+
+
 def _chunks(total: int, size: int) -> tuple[int, int]:
     """(full chunks of ``size`` steps, steps left over) for ``total`` steps."""
     return total // size, total % size
@@ -129,7 +156,7 @@ def _chunks(total: int, size: int) -> tuple[int, int]:
 # ---- (a) training loop with per-step loss logging -----------------------------------------
 
 
-def _regression_inputs(xp: ModuleType, params: Params) -> Inputs:
+def _regression_inputs(xp: ArrayModule, params: Params) -> Inputs:
     rng = _rng(params)
     n, d = params["n"], params["d"]
     x = rng.standard_normal((n, d))
@@ -138,7 +165,7 @@ def _regression_inputs(xp: ModuleType, params: Params) -> Inputs:
     return {"X": xp.asarray(x), "y": xp.asarray(y)}
 
 
-def train_logging_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+def train_logging_float(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int,
                         log_every: int, lr: float, seed: int = 0) -> Answer:
     """SGD on least squares; every step's loss becomes a Python float and is accumulated."""
     X, y = inputs["X"], inputs["y"]
@@ -154,13 +181,14 @@ def train_logging_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps
     return {"w": w, "logged": logged}
 
 
-def train_logging_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+def train_logging_gpuscalar(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int,
                             log_every: int, lr: float, seed: int = 0) -> Answer:
     """The same loop; the running loss is a GPUScalar expression, read once per logged window,
     and the update is gpuscalar's fused SGD step (one kernel for ``w -= c * grad``)."""
     X, y = inputs["X"], inputs["y"]
     w = xp.zeros(d, dtype=X.dtype)
-    logged, running = [], 0.0
+    logged: list[float] = []
+    running: float | gss.GPUScalar = 0.0  # a GPUScalar from the first step on
     for step in range(1, steps + 1):
         err = X @ w - y
         running = running + gsr.mean(err * err)  # a pending sum: no launch of its own
@@ -171,7 +199,7 @@ def train_logging_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, s
     return {"w": w, "logged": logged}
 
 
-def train_logging_capture(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+def train_logging_capture(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int,
                           log_every: int, lr: float, seed: int = 0) -> Answer:
     """The gpuscalar loop with each logging window (``log_every`` steps, the running loss
     reset first) recorded as one CUDA graph: one launch per window, one read after it."""
@@ -207,7 +235,7 @@ def _validate_train(params: Params) -> None:
 # ---- (b) gradient clipping + Adam ---------------------------------------------------------
 
 
-def _clip_inputs(xp: ModuleType, params: Params) -> Inputs:
+def _clip_inputs(xp: ArrayModule, params: Params) -> Inputs:
     rng = _rng(params)
     shapes = params["shapes"]
     return {
@@ -221,7 +249,7 @@ def _gradients(params: list[Any], targets: list[Any], scale: float) -> list[Any]
     return [scale * (p - t) for p, t in zip(params, targets, strict=True)]
 
 
-def _adam_update(xp: ModuleType, p: Any, g: Any, m: Any, v: Any, t: int, lr: float,
+def _adam_update(xp: ArrayModule, p: Any, g: Any, m: Any, v: Any, t: int, lr: float,
                  betas: tuple[float, float], eps: float) -> None:
     """Plain elementwise Adam with a host step count (no sync in either path)."""
     b1, b2 = betas
@@ -233,7 +261,7 @@ def _adam_update(xp: ModuleType, p: Any, g: Any, m: Any, v: Any, t: int, lr: flo
     p -= (lr / (1.0 - b1**t)) * m / denom
 
 
-def clip_adam_float(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int, scale: float,
+def clip_adam_float(xp: ArrayModule, inputs: Inputs, *, shapes: tuple, steps: int, scale: float,
                     max_norm: float, lr: float, betas: tuple[float, float], eps: float,
                     seed: int = 0) -> Answer:
     """Global-norm clipping as commonly written: one ``float()`` per gradient array, then a
@@ -253,15 +281,14 @@ def clip_adam_float(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int
     return {"params": params, "last_norm": total}
 
 
-def clip_adam_gpuscalar(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int,
+def clip_adam_gpuscalar(xp: ArrayModule, inputs: Inputs, *, shapes: tuple, steps: int,
                         scale: float, max_norm: float, lr: float, betas: tuple[float, float],
                         eps: float, seed: int = 0) -> Answer:
     """The same step with `gpuscalar.optim.clip_grad_norm` (device norm, device clip factor);
     the last gradient norm is read once at the end."""
     params = [p.copy() for p in inputs["params"]]
     moments = [(xp.zeros_like(p), xp.zeros_like(p)) for p in params]
-    norm = None
-    for t in range(1, steps + 1):
+    for t in range(1, steps + 1):  # steps >= 1 (_validate_clip): norm is always set
         grads = _gradients(params, inputs["targets"], scale)
         norm = clip_grad_norm(grads, max_norm)
         for p, g, (m, v) in zip(params, grads, moments, strict=True):
@@ -269,7 +296,7 @@ def clip_adam_gpuscalar(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps:
     return {"params": params, "last_norm": float(norm)}  # the one sync
 
 
-def clip_adam_capture(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: int,
+def clip_adam_capture(xp: ArrayModule, inputs: Inputs, *, shapes: tuple, steps: int,
                       scale: float, max_norm: float, lr: float, betas: tuple[float, float],
                       eps: float, seed: int = 0) -> Answer:
     """Clipping + Adam as CUDA graphs of ten steps: the gradients are written into fixed
@@ -291,8 +318,7 @@ def clip_adam_capture(xp: ModuleType, inputs: Inputs, *, shapes: tuple, steps: i
     checkpoint = opt.state_dict()
     replay = _captured(lambda: [step() for _ in range(10)][-1], params)
     opt.load_state_dict(checkpoint)
-    norm = None
-    for _ in range(chunks):
+    for _ in range(chunks):  # steps >= 1 (_validate_clip): norm is always set
         norm = replay()
     for _ in range(rest):
         norm = step()
@@ -303,14 +329,13 @@ def _validate_clip(params: Params) -> None:
     _positive_ints(params, "steps")
     if not params["shapes"]:
         raise ValueError("parameter 'shapes' must name at least one parameter array")
-    if not params["max_norm"] > 0:
-        raise ValueError(f"parameter 'max_norm' must be > 0, got {params['max_norm']!r}")
+    _positive_number(params, "max_norm")
 
 
 # ---- (c) AD backward over broadcasted ops with scalar parameters --------------------------
 
 
-def _ad_inputs(xp: ModuleType, params: Params) -> Inputs:
+def _ad_inputs(xp: ArrayModule, params: Params) -> Inputs:
     rng = _rng(params)
     rows, cols = params["rows"], params["cols"]
     x = rng.uniform(-1.0, 1.0, (rows, cols))
@@ -320,7 +345,7 @@ def _ad_inputs(xp: ModuleType, params: Params) -> Inputs:
     return {"x": xp.asarray(x), "target": xp.asarray(target)}
 
 
-def broadcast_ad_float(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+def broadcast_ad_float(xp: ArrayModule, inputs: Inputs, *, rows: int, cols: int, steps: int,
                        lr: float, seed: int = 0) -> Answer:
     """Model ``a * x + b + s`` (scalars a, b; row vector s). The backward of a broadcasted
     scalar is a full sum, read into a Python float as AD libraries do (two syncs per step)."""
@@ -339,7 +364,7 @@ def broadcast_ad_float(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, 
     return {"a": a, "b": b, "s": s}
 
 
-def broadcast_ad_gpuscalar(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+def broadcast_ad_gpuscalar(xp: ArrayModule, inputs: Inputs, *, rows: int, cols: int, steps: int,
                            lr: float, seed: int = 0) -> Answer:
     """The same backward with `gpuscalar.unbroadcast`: the scalar gradients stay on the device,
     and the scalar updates are expressions computed inside the next step's array kernels. The
@@ -356,7 +381,7 @@ def broadcast_ad_gpuscalar(xp: ModuleType, inputs: Inputs, *, rows: int, cols: i
     return {"a": float(a), "b": float(b), "s": s}  # the fitted scalars: two syncs
 
 
-def broadcast_ad_capture(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int, steps: int,
+def broadcast_ad_capture(xp: ArrayModule, inputs: Inputs, *, rows: int, cols: int, steps: int,
                          lr: float, seed: int = 0) -> Answer:
     """The same backward, ten steps per CUDA graph: the scalars a and b are 0-d device arrays
     updated in place by their device gradients."""
@@ -372,7 +397,7 @@ def broadcast_ad_capture(xp: ModuleType, inputs: Inputs, *, rows: int, cols: int
         sgd_step(s, gsr.unbroadcast(dpred, s.shape), lr=lr)
 
     chunks, rest = _chunks(steps, 10)
-    replay = _captured(lambda: [step() for _ in range(10)], [a, b, s])
+    replay = _captured(_repeated(step, 10), [a, b, s])
     for _ in range(chunks):
         replay()
     for _ in range(rest):
@@ -387,7 +412,7 @@ def _validate_ad(params: Params) -> None:
 # ---- (d) convergence loop: Jacobi on several independent systems --------------------------
 
 
-def _jacobi_inputs(xp: ModuleType, params: Params) -> Inputs:
+def _jacobi_inputs(xp: ArrayModule, params: Params) -> Inputs:
     rng = _rng(params)
     problems, n = params["problems"], params["n"]
     # positive off-diagonal entries make the row-sum bound on the Jacobi rate tight, so each
@@ -406,7 +431,7 @@ def _jacobi_inputs(xp: ModuleType, params: Params) -> Inputs:
     return {"A": xp.asarray(A), "R": xp.asarray(off), "D": xp.asarray(diag), "b": xp.asarray(b)}
 
 
-def jacobi_float(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+def jacobi_float(xp: ArrayModule, inputs: Inputs, *, problems: int, n: int, tol: float,
                  max_iter: int, check_every: int, seed: int = 0) -> Answer:
     """Each system solved in turn, with ``if float(residual) < tol: break`` every iteration."""
     A, R, D, b = inputs["A"], inputs["R"], inputs["D"], inputs["b"]
@@ -424,7 +449,7 @@ def jacobi_float(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: 
     return {"x": xp.stack(solutions), "iterations": iterations}
 
 
-def jacobi_gpuscalar(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+def jacobi_gpuscalar(xp: ArrayModule, inputs: Inputs, *, problems: int, n: int, tol: float,
                      max_iter: int, check_every: int, seed: int = 0) -> Answer:
     """All systems at once; a device mask freezes each system at the iteration where its
     residual drops below ``tol`` (the float path's ``break``), and the host asks whether any
@@ -444,61 +469,151 @@ def jacobi_gpuscalar(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, t
     return {"x": x, "iterations": iterations}
 
 
-def jacobi_capture(xp: ModuleType, inputs: Inputs, *, problems: int, n: int, tol: float,
+def jacobi_capture(xp: ArrayModule, inputs: Inputs, *, problems: int, n: int, tol: float,
                    max_iter: int, check_every: int, seed: int = 0) -> Answer:
-    """The masked Jacobi loop with each ``check_every``-iteration chunk between two host checks
-    recorded as one CUDA graph (its state updated in place; matrix products by gs.matmul)."""
+    """The masked Jacobi loop as one `gs.while_loop`: the device decides, after every
+    iteration, whether any system is still active (on a GPU one graph launch with a conditional
+    WHILE node, no sync); its state is updated in place and its products use gs.matmul. The
+    answer is the gpuscalar path's: once no system is active an iteration changes nothing."""
     A, R, D, b = inputs["A"], inputs["R"], inputs["D"], inputs["b"]
     x = xp.zeros((problems, n), dtype=b.dtype)
     active = xp.ones(problems, dtype=bool)
     iterations = xp.zeros(problems, dtype=xp.int64)
 
-    def iteration() -> None:
+    def iteration(x: Any, active: Any, iterations: Any) -> None:
         x_new = (b - matmul(R, x[..., None])[..., 0]) / D
         x[...] = xp.where(active[:, None], x_new, x)
         iterations[...] += active
         residual = xp.linalg.norm(b - matmul(A, x[..., None])[..., 0], axis=1)
         active[...] &= residual >= tol
 
-    chunks, rest = _chunks(max_iter, check_every)
-    replay = _captured(lambda: [iteration() for _ in range(check_every)],
-                       [x, active, iterations])
-    for _ in range(chunks):
-        replay()
-        if not gsr.any(active):  # one sync per check
-            break
-    else:
-        for _ in range(rest):
-            iteration()
+    while_loop(lambda x, active, iterations: gsr.any(active), iteration, x, active, iterations,
+               max_iter=max_iter)
     return {"x": x, "iterations": iterations}
 
 
 def _validate_jacobi(params: Params) -> None:
     _positive_ints(params, "problems", "n", "max_iter", "check_every")
-    if not params["tol"] > 0:
-        raise ValueError(f"parameter 'tol' must be > 0, got {params['tol']!r}")
+    _positive_number(params, "tol")
+
+
+# ---- (d') conjugate gradient until the residual is small (CuPy's examples/cg loop) ----------
+
+
+def _cg_inputs(xp: ArrayModule, params: Params) -> Inputs:
+    rng = _rng(params)
+    n = params["n"]
+    m = rng.standard_normal((n, n))
+    a = m @ m.T / n + np.eye(n)  # symmetric positive definite, well conditioned
+    return {"A": xp.asarray(a), "b": xp.asarray(rng.standard_normal(n))}
+
+
+def _cg_start(xp: ArrayModule, A: Any, b: Any,
+              product: Callable[[Any, Any], Any] = matmul) -> tuple[Any, Any, Any, Any, Any]:
+    """x = 0, r = b - A x, p = r, a buffer for A p, and r.r (``product`` multiplies)."""
+    x = xp.zeros_like(b)
+    r = b - product(A, x)
+    p = r.copy()
+    return x, r, p, xp.empty_like(b), product(r, r)
+
+
+def cg_float(xp: ArrayModule, inputs: Inputs, *, n: int, tol: float, max_iter: int,
+             check_every: int, seed: int = 0) -> Answer:
+    """CuPy's conjugate-gradient example: ``if float(norm(r)) < tol: break`` before every
+    iteration, one sync each."""
+    A, b = inputs["A"], inputs["b"]
+    x, r, p, _, rr = _cg_start(xp, A, b, operator.matmul)
+    done = 0
+    while done < max_iter and float(xp.linalg.norm(r)) >= tol:  # one sync per check
+        ap = A @ p
+        alpha = rr / (p @ ap)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = r @ r
+        p *= rr_new / rr
+        p += r
+        rr = rr_new
+        done += 1
+    return {"x": x, "iterations": done}
+
+
+def cg_gpuscalar(xp: ArrayModule, inputs: Inputs, *, n: int, tol: float, max_iter: int,
+                 check_every: int, seed: int = 0) -> Answer:
+    """The same iterations with the convergence test on the device: once the residual is
+    small a device flag zeroes the step length, which freezes x, r and r.r (the float path's
+    ``break``; p keeps growing by the frozen r, finite, and is never used again), and the host
+    asks whether the solve is still active only every ``check_every`` iterations."""
+    A, b = inputs["A"], inputs["b"]
+    x, r, p, ap, rr = _cg_start(xp, A, b)
+    rr = gss.GPUScalar(rr)
+    active = gsr.norm(r) >= tol
+    iterations = gss.asscalar(0, like=b, dtype="int64")
+    for it in range(1, max_iter + 1):
+        matmul(A, p, out=ap)
+        alpha = gsm.where(active, rr / gss.GPUScalar(matmul(p, ap)), 0.0)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = gss.GPUScalar(matmul(r, r))
+        p *= rr_new / rr
+        p += r
+        rr = rr_new
+        iterations = iterations + active
+        active = active & (gsr.norm(r) >= tol)
+        if it % check_every == 0 and not active:  # one sync per check
+            break
+    return {"x": x, "iterations": int(iterations)}
+
+
+def cg_capture(xp: ArrayModule, inputs: Inputs, *, n: int, tol: float, max_iter: int,
+               check_every: int, seed: int = 0) -> Answer:
+    """The float path's loop as one `gs.while_loop`: the device decides before every iteration
+    whether the residual is still large (on a GPU one graph launch, no sync); the state is
+    updated in place."""
+    A, b = inputs["A"], inputs["b"]
+    x, r, p, ap, rr_start = _cg_start(xp, A, b)
+    rr = xp.empty((), dtype=b.dtype)  # the loop's state: an array of the caller's xp
+    rr[...] = rr_start
+
+    def iteration(x: Any, r: Any, p: Any, ap: Any, rr: Any) -> None:
+        matmul(A, p, out=ap)
+        alpha = gss.GPUScalar(rr) / matmul(p, ap)
+        x += alpha * p
+        r -= alpha * ap
+        rr_new = gss.GPUScalar(matmul(r, r))
+        p *= rr_new / gss.GPUScalar(rr)
+        p += r
+        rr[...] = rr_new.array
+
+    done = while_loop(lambda x, r, p, ap, rr: gsr.norm(r) >= tol, iteration, x, r, p, ap, rr,
+                      max_iter=max_iter)
+    return {"x": x, "iterations": int(done)}
+
+
+def _validate_cg(params: Params) -> None:
+    _positive_ints(params, "n", "max_iter", "check_every")
+    _positive_number(params, "tol")
 
 
 # ---- (e) learning-rate schedule: warm-up + cosine -----------------------------------------
 
 
-def _schedule_inputs(xp: ModuleType, params: Params) -> Inputs:
+def _schedule_inputs(xp: ArrayModule, params: Params) -> Inputs:
     rng = _rng(params)
     n = params["n"]
     return {"w0": xp.asarray(rng.standard_normal(n)), "target": xp.asarray(rng.standard_normal(n))}
 
 
-def warmup_cosine(xp: ModuleType, step: Any, *, steps: int, warmup: int, base_lr: float,
+def warmup_cosine(xp: ArrayModule, step: Any, *, steps: int, warmup: int, base_lr: float,
                   min_lr: float) -> Any:
     """Warm-up then cosine decay of the learning rate at ``step`` (1-based): a GPUScalar for
     a device step counter, an array for an array of steps (one formula for both)."""
     warm = base_lr * step / warmup
     progress = (step - warmup) / (steps - warmup)
-    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + gss.cos(math.pi * progress))
-    return gss.where(step <= warmup, warm, cosine)
+    cosine = min_lr + 0.5 * (base_lr - min_lr) * (1.0 + gsm.cos(math.pi * progress))
+    return gsm.where(step <= warmup, warm, cosine)
 
 
-def lr_schedule_float(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+def lr_schedule_float(xp: ArrayModule, inputs: Inputs, *, n: int, steps: int, warmup: int,
                       base_lr: float, min_lr: float, seed: int = 0) -> Answer:
     """The step counter lives on the device with the optimizer state (as in fused/capturable
     optimizers); the float path reads it every step to compute the rate with Python math."""
@@ -518,14 +633,14 @@ def lr_schedule_float(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, war
     return {"w": w, "lr": rates}
 
 
-def lr_schedule_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+def lr_schedule_gpuscalar(xp: ArrayModule, inputs: Inputs, *, n: int, steps: int, warmup: int,
                           base_lr: float, min_lr: float, seed: int = 0) -> Answer:
     """The same schedule computed from a device step counter: a pending expression that the
     fused SGD step computes in its own kernel, so a step is two launches (the gradient and the
     update) and no sync. The trace of rates is the same formula over all steps at once."""
     w = inputs["w0"].copy()
     step = gss.asscalar(0, like=w, dtype=np.int64)
-    schedule = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
+    schedule: Params = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
     for _ in range(steps):
         step = step + 1  # stays one node however many steps it counts
         sgd_step(w, w - inputs["target"], lr=warmup_cosine(xp, step, **schedule))
@@ -533,13 +648,13 @@ def lr_schedule_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, steps: int,
     return {"w": w, "lr": rates}
 
 
-def lr_schedule_capture(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, warmup: int,
+def lr_schedule_capture(xp: ArrayModule, inputs: Inputs, *, n: int, steps: int, warmup: int,
                         base_lr: float, min_lr: float, seed: int = 0) -> Answer:
     """The same schedule in CUDA graphs of ten steps: the step counter is a 0-d device array
     incremented in place, and the schedule reads it inside the fused update at every replay."""
     w = inputs["w0"].copy()
     count = xp.zeros((), dtype=xp.int64)
-    schedule = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
+    schedule: Params = {"steps": steps, "warmup": warmup, "base_lr": base_lr, "min_lr": min_lr}
 
     def step() -> None:
         count[...] += 1
@@ -547,7 +662,7 @@ def lr_schedule_capture(xp: ModuleType, inputs: Inputs, *, n: int, steps: int, w
         sgd_step(w, w - inputs["target"], lr=lr)
 
     chunks, rest = _chunks(steps, 10)
-    replay = _captured(lambda: [step() for _ in range(10)], [w, count])
+    replay = _captured(_repeated(step, 10), [w, count])
     for _ in range(chunks):
         replay()
     for _ in range(rest):
@@ -568,7 +683,7 @@ def _validate_schedule(params: Params) -> None:
 # ---- (f) training with the loss accumulated every step ----------------------------------------
 
 
-def train_total_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int, lr: float,
+def train_total_float(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int, lr: float,
                       seed: int = 0) -> Answer:
     """Least-squares SGD, ``total += float(loss)`` every step (the loop the H100 graph figures
     were measured on)."""
@@ -582,12 +697,12 @@ def train_total_float(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: 
     return {"w": w, "total": total}
 
 
-def train_total_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+def train_total_gpuscalar(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int,
                           lr: float, seed: int = 0) -> Answer:
     """The same loop with the total kept on the device (read once) and the fused SGD step."""
     X, y = inputs["X"], inputs["y"]
     w = xp.zeros(d, dtype=X.dtype)
-    total = 0.0
+    total: float | gss.GPUScalar = 0.0
     for _ in range(steps):
         err = X @ w - y
         total = total + gsr.mean(err * err)
@@ -595,7 +710,7 @@ def train_total_gpuscalar(xp: ModuleType, inputs: Inputs, *, n: int, d: int, ste
     return {"w": w, "total": float(total)}  # the one sync
 
 
-def train_total_capture(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps: int,
+def train_total_capture(xp: ArrayModule, inputs: Inputs, *, n: int, d: int, steps: int,
                         lr: float, seed: int = 0) -> Answer:
     """Ten steps per CUDA graph (products by gs.matmul), the total a 0-d device array."""
     X, y = inputs["X"], inputs["y"]
@@ -608,7 +723,7 @@ def train_total_capture(xp: ModuleType, inputs: Inputs, *, n: int, d: int, steps
         sgd_step(w, matmul(X.T, err), lr=2.0 * lr / n)
 
     chunks, rest = _chunks(steps, 10)
-    replay = _captured(lambda: [step() for _ in range(10)], [w, total])
+    replay = _captured(_repeated(step, 10), [w, total])
     for _ in range(chunks):
         replay()
     for _ in range(rest):
@@ -693,6 +808,26 @@ WORKLOADS: dict[str, Workload] = {
                 "default": dict(problems=8, n=64, tol=1e-10, max_iter=600, check_every=10),
             },
             validate=_validate_jacobi,
+            loop_on_device=True,
+        ),
+        Workload(
+            name="cg",
+            description="conjugate gradient on an SPD system until the residual norm < tol",
+            make_inputs=_cg_inputs,
+            float_path=cg_float,
+            gpuscalar_path=cg_gpuscalar,
+            capture_path=cg_capture,
+            host_values_needed=lambda p: -(-p["max_iter"] // p["check_every"]) + 1,
+            host_values_reason=(
+                "one 'still active?' decision per check, at most ceil(max_iter / check_every) "
+                "checks, and the iteration count, read at the end"
+            ),
+            sizes={
+                "quick": dict(n=64, tol=1e-8, max_iter=200, check_every=5),
+                "default": dict(n=512, tol=1e-10, max_iter=1000, check_every=10),
+            },
+            validate=_validate_cg,
+            loop_on_device=True,
         ),
         Workload(
             name="lr_schedule",

@@ -1,0 +1,234 @@
+"""Device-side control flow: `while_loop` and `cond`, loops and branches decided on the device.
+
+Why this module exists: once arithmetic is sync-free, the syncs left in a program are control
+flow (``while residual > tol``, ``if not converged``). CUDA 12.3+ graphs have conditional nodes
+(IF, WHILE) whose body runs while a device flag says so, so a whole solve can be one launch and
+no sync. These functions give that to CuPy users, with the same semantics on every backend:
+
+- ``gs.while_loop(cond, body, *state, max_iter)`` runs ``body(*state)`` while ``cond(*state)``
+  (a bool GPUScalar or 0-d bool device array) holds and fewer than ``max_iter`` iterations have
+  run; returns the number of iterations as an int64 GPUScalar (no sync). ``state`` is device
+  arrays that ``body`` updates in place.
+- ``gs.cond(pred, true_fn, false_fn, *operands)`` runs one branch (either may be None).
+
+``cond``, ``body`` and the branches follow `gs.capture`'s rules: no sync (`SyncError` naming
+the user's line), no host-to-device copy, and a pending GPUScalar made outside and used inside
+is evaluated where it is used, at every iteration, from its inputs' current values, never
+cached on the scalar (`ledger.loop_body`): it is still pending after the loop.
+
+On NumPy and the strict device this module runs them on the host (the "host executor"): the
+predicate reads are not syncs (they stand for the device's decision), and the whole loop or
+branch counts as ONE device op, as a graph launch does. On CuPy, `gpuscalar.cuda.control`
+records conditional nodes (or falls back to a host loop with one counted sync per iteration,
+with a warning, where conditional nodes are unavailable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from . import ledger
+from .backend import CUPY, NUMPY, Backend, backend_of, default_backend
+from .scalar import GPUScalar, _array_of, _make_array, _wrap
+
+__all__ = ["while_loop", "cond"]
+
+_INT64 = np.dtype(np.int64)
+
+
+# ---- argument checks ----------------------------------------------------------------------------
+
+
+def _check_callable(value: Any, what: str, name: str, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not callable(value):
+        allowed = "a callable or None" if optional else "a callable"
+        raise TypeError(f"gs.{what}: {name} must be {allowed}, got {type(value).__name__}")
+
+
+def _check_max_iter(max_iter: Any) -> int:
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)):
+        raise TypeError(
+            f"gs.while_loop: max_iter must be a Python int >= 0, got {type(max_iter).__name__} "
+            "(a loop on a GPU cannot be interrupted, so it needs a bound)"
+        )
+    if max_iter < 0:
+        raise ValueError(f"gs.while_loop: max_iter must be >= 0, got {max_iter}")
+    return int(max_iter)
+
+
+def _placement(what: str, values: tuple[Any, ...]) -> tuple[Backend, object]:
+    """The backend and device of the state (or operands): all device arrays or GPUScalars on
+    one backend and device; with none, CuPy's current device when a GPU is present, else NumPy."""
+    found: tuple[Backend, object] | None = None
+    for index, value in enumerate(values):
+        if isinstance(value, GPUScalar):
+            where: tuple[Backend, object] = (value.backend, value.device)
+        else:
+            backend = backend_of(value)
+            if backend is None:
+                raise TypeError(
+                    f"gs.{what}: argument {index} is a {type(value).__name__}; the state is "
+                    "device arrays updated in place (close over anything else)"
+                )
+            where = (backend, backend.device_of(value))
+        if found is None:
+            found = where
+        elif where[0] is not found[0] or where[1] != found[1]:
+            raise ValueError(
+                f"gs.{what}: argument {index} is on {where[0].name} device {where[1]!r} but an "
+                f"earlier one on {found[0].name} device {found[1]!r}"
+            )
+    if found is not None:
+        return found
+    backend = default_backend()
+    return backend, (CUPY.seam.current_device() if backend is CUPY else "cpu")
+
+
+def check_returned_none(result: Any, what: str, name: str) -> None:
+    """A body or branch returns None: the state is updated in place (a functional, JAX-style
+    body returning new state would otherwise loop until ``max_iter``)."""
+    if result is not None:
+        raise TypeError(
+            f"gs.{what}: {name} returned a {type(result).__name__}; it must return None and "
+            "update the state arrays in place (x[...] = new_x, x += dx); a changing scalar "
+            "lives in a 0-d array, read with gs.GPUScalar(a)"
+        )
+
+
+def predicate_array(value: Any, backend: Backend, what: str) -> Any:
+    """The 0-d bool device array that ``value`` (what ``cond`` returned, or ``pred``) stands
+    for, on ``backend``; a pending GPUScalar is evaluated here (under `ledger.loop_body`, not
+    cached on it). A Python bool, a non-bool or another backend's value is a `TypeError`."""
+    if isinstance(value, (bool, np.bool_)) and not (backend is NUMPY and type(value) is np.bool_):
+        raise TypeError(
+            f"gs.{what}: the predicate is a Python bool ({value}), decided on the host once; "
+            "return a device value instead, e.g. gs.GPUScalar(r) > tol or a 0-d bool array"
+        )
+    owner: Backend | None
+    if isinstance(value, GPUScalar):
+        owner, array = value.backend, None
+    elif type(value) is np.bool_:  # NumPy's 0-d comparisons give NumPy scalars
+        owner, array = NUMPY, np.asarray(value)
+    else:
+        owner, array = backend_of(value), value
+        if owner is None or getattr(value, "ndim", None) != 0:
+            raise TypeError(
+                f"gs.{what}: the predicate must be a bool GPUScalar or a 0-d bool device array, "
+                f"got {_describe(value)}"
+            )
+    if owner is not backend:
+        raise TypeError(
+            f"gs.{what}: the predicate is a {owner.name} value but the state is on {backend.name}"
+        )
+    if value.dtype != np.bool_:
+        raise TypeError(
+            f"gs.{what}: the predicate must have dtype bool, got {value.dtype}; compare it "
+            "(e.g. r > tol, labels_changed != 0)"
+        )
+    return _array_of(value) if array is None else array
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return type(value).__name__ + ("" if shape is None else f" of shape {shape}")
+
+
+# ---- the rules of a body ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def body_rules(backend: Backend) -> Iterator[None]:
+    """What ``cond``, ``body`` and the branches run under: `gs.capture`'s guard (every sync
+    raises, the array library's own included), no host-to-device copy (`ledger.graph_body`),
+    and no evaluation cached on a scalar (`ledger.loop_body`)."""
+    from .cuda import graphs  # noqa: PLC0415 - graphs imports linalg (cuBLAS): only when looping
+
+    with graphs._guarded(backend, recording=False), ledger.graph_body(), ledger.loop_body():
+        yield
+
+
+def _count_scalar(backend: Backend, device: object, count: int) -> GPUScalar:
+    """The iteration count as an int64 GPUScalar: a fill kernel, no host-to-device copy."""
+    return _wrap(backend, _make_array(backend, count, _INT64, device))
+
+
+# ---- the host executor (NumPy, the strict device) ----------------------------------------------
+
+
+def _decide(backend: Backend, value: Any, what: str) -> bool:
+    """The device's decision, read on the host without a sync: the host executor runs only on
+    backends that evaluate on the host, where the array's data is already here."""
+    return bool(backend.host_data(predicate_array(value, backend, what)))
+
+
+def _host_while(cond_fn: Callable[..., Any], body: Callable[..., Any], state: tuple[Any, ...],
+                max_iter: int, backend: Backend, device: object) -> GPUScalar:
+    count = 0
+    with ledger.one_device_op():
+        with body_rules(backend):
+            while count < max_iter and _decide(backend, cond_fn(*state), "while_loop"):
+                check_returned_none(body(*state), "while_loop", "body")
+                count += 1
+        return _count_scalar(backend, device, count)
+
+
+def _host_cond(pred: Any, true_fn: Callable[..., Any] | None,
+               false_fn: Callable[..., Any] | None, operands: tuple[Any, ...],
+               backend: Backend) -> None:
+    with ledger.one_device_op(), body_rules(backend):
+        branch, name = (true_fn, "true_fn") if _decide(backend, pred, "cond") else (
+            false_fn, "false_fn")
+        if branch is not None:
+            check_returned_none(branch(*operands), "cond", name)
+
+
+# ---- the public functions -----------------------------------------------------------------------
+
+
+def while_loop(cond: Callable[..., Any], body: Callable[..., Any], *state: Any,
+               max_iter: int) -> GPUScalar:
+    """Run ``body(*state)`` while ``cond(*state)`` holds and fewer than ``max_iter`` iterations
+    have run, deciding on the device; returns the number of iterations as an int64 GPUScalar.
+
+    ``cond`` returns a bool GPUScalar or 0-d bool device array (a Python bool is a
+    `TypeError`); ``body`` updates the ``state`` arrays in place and returns None. Neither may
+    sync or copy host data to the device. ``max_iter`` (a required keyword, an int >= 0)
+    bounds the loop: one running on a GPU cannot be interrupted.
+    """
+    _check_callable(cond, "while_loop", "cond")
+    _check_callable(body, "while_loop", "body")
+    limit = _check_max_iter(max_iter)
+    backend, device = _placement("while_loop", state)
+    if backend is CUPY:
+        from .cuda import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
+
+        return cuda_control.while_loop(cond, body, state, limit, device)
+    return _host_while(cond, body, state, limit, backend, device)
+
+
+def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., Any] | None,
+         *operands: Any) -> None:
+    """Run ``true_fn(*operands)`` if the device predicate ``pred`` (a bool GPUScalar or 0-d
+    bool device array) holds, else ``false_fn(*operands)``, deciding on the device; either
+    branch may be None. Branches update arrays in place and return None; they may not sync or
+    copy host data to the device."""
+    _check_callable(true_fn, "cond", "true_fn", optional=True)
+    _check_callable(false_fn, "cond", "false_fn", optional=True)
+    if type(pred) is np.bool_:  # NumPy's 0-d comparisons give NumPy scalars
+        backend, device = _placement("cond", (np.asarray(pred), *operands))
+    elif isinstance(pred, GPUScalar) or backend_of(pred) is not None:
+        backend, device = _placement("cond", (pred, *operands))
+    else:  # not a device value: the error saying what a predicate is
+        raise AssertionError(predicate_array(pred, NUMPY, "cond"))  # (always raises)
+    if backend is CUPY:
+        from .cuda import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
+
+        cuda_control.cond(pred, true_fn, false_fn, operands, device)
+        return
+    _host_cond(pred, true_fn, false_fn, operands, backend)

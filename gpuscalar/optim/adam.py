@@ -1,0 +1,137 @@
+"""Adam and AdamW: the fused multi-tensor classes and the functional `adam_step`.
+
+Why this module exists: one file per algorithm. PyTorch's semantics (``torch.optim.Adam``: L2
+weight decay added to the gradient; ``torch.optim.AdamW``: decoupled weight decay), with the
+bias correction computed on the device from the live step counter, so a step never syncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..scalar import GPUScalar
+from .base import Hyperparameter, Optimizer, betas_setting, nonnegative
+from .checks import betas_pair, check_skip, hyper, step_arrays
+from .executors import run_program
+from .program import Program, register
+
+__all__ = ["ADAM", "ADAMW", "adam_step", "Adam", "AdamW"]
+
+_ADAM_PRELUDE = (
+    ("bias1", "1 - pow(beta1, step)"),
+    ("bias2_sqrt", "sqrt(1 - pow(beta2, step))"),
+    ("step_size", "lr / bias1"),
+)
+_ADAM_MOMENTS = (
+    ("m", "beta1 * exp_avg + (1 - beta1) * g"),
+    ("v", "beta2 * exp_avg_sq + (1 - beta2) * g * g"),
+)
+_ADAM_SCALARS = ("lr", "beta1", "beta2", "eps", "weight_decay", "step")
+_ADAM_ARRAYS = ("param", "grad", "exp_avg", "exp_avg_sq")
+_ADAM_OUTPUTS = (("param", "p"), ("exp_avg", "m"), ("exp_avg_sq", "v"))
+
+#: PyTorch Adam: L2 weight decay is added to the gradient.
+ADAM = Program(
+    name="adam",
+    scalars=_ADAM_SCALARS,
+    arrays=_ADAM_ARRAYS,
+    prelude=_ADAM_PRELUDE,
+    body=(
+        ("g", "grad + weight_decay * param"),
+        *_ADAM_MOMENTS,
+        ("p", "param - step_size * m / (sqrt(v) / bias2_sqrt + eps)"),
+    ),
+    outputs=_ADAM_OUTPUTS,
+)
+#: PyTorch AdamW: decoupled weight decay shrinks the parameter before the Adam update.
+ADAMW = Program(
+    name="adamw",
+    scalars=_ADAM_SCALARS,
+    arrays=_ADAM_ARRAYS,
+    prelude=(*_ADAM_PRELUDE, ("decay", "1 - lr * weight_decay")),
+    body=(
+        ("g", "grad"),
+        *_ADAM_MOMENTS,
+        ("p", "param * decay - step_size * m / (sqrt(v) / bias2_sqrt + eps)"),
+    ),
+    outputs=_ADAM_OUTPUTS,
+)
+#: PyTorch SGD without momentum.
+register(ADAM, ADAMW)
+
+
+def adam_step(
+    param: Any,
+    grad: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    *,
+    step: Any,
+    lr: Any = 1e-3,
+    betas: tuple[Any, Any] = (0.9, 0.999),
+    eps: Any = 1e-8,
+    weight_decay: Any = 0.0,
+    decoupled_weight_decay: bool = False,
+    skip_if: GPUScalar | None = None,
+) -> None:
+    """One Adam (or, with ``decoupled_weight_decay``, AdamW) update of ``param``, in place.
+
+    PyTorch's semantics. ``step`` is the 1-based number of this update. Every hyperparameter
+    and ``step`` may be a Python number or a GPUScalar; bias correction is computed on the
+    device from ``step``. One fused kernel (one device op), no sync. ``skip_if``: a bool
+    GPUScalar; when true on the device, nothing is changed.
+    """
+    backend, device = step_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    beta1, beta2 = betas_pair(betas, backend, device)
+    scalars = {
+        "lr": hyper(lr, "lr", backend, device),
+        "beta1": beta1,
+        "beta2": beta2,
+        "eps": hyper(eps, "eps", backend, device),
+        "weight_decay": hyper(weight_decay, "weight_decay", backend, device),
+        "step": hyper(step, "step", backend, device, low=1.0),
+    }
+    skip = check_skip(skip_if, backend, device)
+    program = ADAMW if decoupled_weight_decay else ADAM
+    arrays = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    run_program(backend, program, scalars, arrays, skip)
+
+
+class Adam(Optimizer):
+    """Fused multi-tensor Adam on the user's arrays (PyTorch's ``torch.optim.Adam``; L2
+    ``weight_decay``). State: ``exp_avg``, ``exp_avg_sq``."""
+
+    _decoupled = False
+    _hyperparameters = ("lr", "betas", "eps", "weight_decay")
+
+    betas = Hyperparameter(betas_setting, "(beta1, beta2): numbers in [0, 1) or GPUScalars.")
+    eps = Hyperparameter(nonnegative, "Added to the denominator: a number or GPUScalar.")
+    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+
+    def __init__(
+        self,
+        params: Sequence[Any],
+        lr: Any = 1e-3,
+        betas: tuple[Any, Any] = (0.9, 0.999),
+        eps: Any = 1e-8,
+        weight_decay: Any = 0.0,
+    ) -> None:
+        super().__init__(params, lr, ADAMW if self._decoupled else ADAM, betas=betas, eps=eps,
+                         weight_decay=weight_decay)
+
+
+class AdamW(Adam):
+    """Fused multi-tensor AdamW (PyTorch's ``torch.optim.AdamW``: decoupled weight decay)."""
+
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Sequence[Any],
+        lr: Any = 1e-3,
+        betas: tuple[Any, Any] = (0.9, 0.999),
+        eps: Any = 1e-8,
+        weight_decay: Any = 1e-2,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay)

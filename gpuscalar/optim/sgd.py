@@ -1,0 +1,158 @@
+"""SGD (momentum, dampening, Nesterov): the fused multi-tensor class and the functional
+`sgd_step`.
+
+Why this module exists: one file per algorithm. PyTorch's semantics (``torch.optim.SGD``),
+including its first momentum step (``buf = grad``), decided on the device from the live step
+counter, and its plain step when momentum is 0 (set later, or a GPUScalar's value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..scalar import GPUScalar
+from .base import Hyperparameter, Optimizer, momentum_setting, nonnegative, uses_momentum
+from .checks import check_array, check_like, check_skip, check_writeable, hyper
+from .executors import run_program
+from .program import Program, register
+
+__all__ = ["SGD_PLAIN", "SGD_MOMENTUM", "SGD_NESTEROV", "sgd_step", "SGD"]
+
+#: PyTorch SGD without momentum.
+SGD_PLAIN = Program(
+    name="sgd",
+    scalars=("lr", "weight_decay"),
+    arrays=("param", "grad"),
+    prelude=(),
+    body=(("g", "grad + weight_decay * param"), ("p", "param - lr * g")),
+    outputs=(("param", "p"),),
+)
+# ``fresh`` is 1 while the momentum buffer holds no history: PyTorch then sets buf = grad. With
+# momentum 0 (a number set after construction, or a GPUScalar's value) PyTorch's step is plain
+# SGD and leaves the buffer alone: so does this one, decided on the device.
+_SGD_MOMENTUM_BODY = (
+    ("g", "grad + weight_decay * param"),
+    ("b", "select(momentum == 0, momentum_buffer, "
+          "select(fresh != 0, g, momentum * momentum_buffer + (1 - dampening) * g))"),
+)
+#: PyTorch SGD with momentum (heavy ball).
+SGD_MOMENTUM = Program(
+    name="sgd_momentum",
+    scalars=("lr", "momentum", "dampening", "weight_decay", "fresh"),
+    arrays=("param", "grad", "momentum_buffer"),
+    prelude=(),
+    body=(*_SGD_MOMENTUM_BODY, ("p", "param - lr * select(momentum == 0, g, b)")),
+    outputs=(("param", "p"), ("momentum_buffer", "b")),
+)
+#: PyTorch SGD with Nesterov momentum.
+SGD_NESTEROV = Program(
+    name="sgd_nesterov",
+    scalars=SGD_MOMENTUM.scalars,
+    arrays=SGD_MOMENTUM.arrays,
+    prelude=(),
+    body=(*_SGD_MOMENTUM_BODY,
+          ("p", "param - lr * select(momentum == 0, g, g + momentum * b)")),
+    outputs=SGD_MOMENTUM.outputs,
+)
+register(SGD_PLAIN, SGD_MOMENTUM, SGD_NESTEROV)
+
+
+def sgd_step(
+    param: Any,
+    grad: Any,
+    momentum_buffer: Any = None,
+    *,
+    lr: Any,
+    momentum: Any = 0.0,
+    dampening: Any = 0.0,
+    weight_decay: Any = 0.0,
+    nesterov: bool = False,
+    skip_if: GPUScalar | None = None,
+) -> Any:
+    """One SGD update of ``param`` in place (PyTorch's semantics); returns the momentum buffer.
+
+    With momentum (a GPUScalar counts as momentum), ``momentum_buffer=None`` creates the buffer
+    (PyTorch's first step: ``buf = grad``). Hyperparameters may be Python numbers or GPUScalars.
+    One fused kernel, no sync; ``skip_if`` as in `adam_step` (a buffer created by a skipped
+    call holds no history yet: pass None again).
+    """
+    backend = check_array(param, "param")
+    device = backend.device_of(param)
+    check_like(grad, param, "grad", "param", backend)
+    check_writeable(backend, param, "param")
+    scalars = {
+        "lr": hyper(lr, "lr", backend, device),
+        "weight_decay": hyper(weight_decay, "weight_decay", backend, device),
+    }
+    momentum = hyper(momentum, "momentum", backend, device)
+    dampening = hyper(dampening, "dampening", backend, device)
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
+    skip = check_skip(skip_if, backend, device)
+    if not isinstance(momentum, GPUScalar) and momentum == 0:
+        if nesterov:
+            raise ValueError("nesterov momentum needs momentum > 0")
+        if momentum_buffer is not None:
+            raise ValueError("momentum_buffer given but momentum is 0")
+        run_program(backend, SGD_PLAIN, scalars, {"param": param, "grad": grad}, skip)
+        return None
+    if nesterov and not isinstance(dampening, GPUScalar) and dampening != 0:
+        raise ValueError("nesterov momentum needs dampening == 0")
+    fresh = momentum_buffer is None
+    if fresh:
+        with backend.device_context(device):
+            momentum_buffer = backend.call(backend.xp.zeros_like, param)
+    else:
+        check_like(momentum_buffer, param, "momentum_buffer", "param", backend)
+        check_writeable(backend, momentum_buffer, "momentum_buffer")
+    scalars.update(momentum=momentum, dampening=dampening, fresh=1 if fresh else 0)
+    arrays = {"param": param, "grad": grad, "momentum_buffer": momentum_buffer}
+    run_program(backend, SGD_NESTEROV if nesterov else SGD_MOMENTUM, scalars, arrays, skip)
+    return momentum_buffer
+
+
+def _sgd_dampening(opt: SGD, name: str, value: Any) -> Any:
+    value = nonnegative(opt, name, value)
+    if opt._program is SGD_NESTEROV and not isinstance(value, GPUScalar) and value != 0:
+        raise ValueError(f"{name}: nesterov momentum needs dampening == 0")
+    return value
+
+
+class SGD(Optimizer):
+    """Fused multi-tensor SGD on the user's arrays (PyTorch's ``torch.optim.SGD``: momentum,
+    dampening, Nesterov, L2 weight decay). Made with momentum (> 0 or a GPUScalar), the state
+    is a ``momentum_buffer``, which starts as the first non-skipped step's gradient. As in
+    PyTorch, a step whose momentum is 0 (set later, or a GPUScalar's value, decided on the
+    device) is a plain SGD step that leaves the buffers as they are."""
+
+    _hyperparameters = ("lr", "momentum", "dampening", "weight_decay")
+
+    momentum = Hyperparameter(momentum_setting, "Momentum: a number or GPUScalar (>= 0).")
+    dampening = Hyperparameter(_sgd_dampening, "Dampening: a number or GPUScalar (>= 0).")
+    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+
+    def __init__(
+        self,
+        params: Sequence[Any],
+        lr: Any,
+        momentum: Any = 0.0,
+        dampening: Any = 0.0,
+        weight_decay: Any = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
+        with_momentum = uses_momentum(momentum)
+        if nesterov and (not with_momentum or (
+            not isinstance(dampening, GPUScalar) and dampening != 0
+        )):
+            raise ValueError("nesterov momentum needs momentum > 0 and dampening == 0")
+        program = (SGD_NESTEROV if nesterov else SGD_MOMENTUM) if with_momentum else SGD_PLAIN
+        super().__init__(params, lr, program, momentum=momentum, dampening=dampening,
+                         weight_decay=weight_decay)
+
+    @property
+    def nesterov(self) -> bool:
+        """Whether the update uses Nesterov momentum (fixed at construction)."""
+        return self._program is SGD_NESTEROV

@@ -1,0 +1,346 @@
+"""gs.while_loop and gs.cond on NumPy and the strict device (the host executor): the contract.
+
+Results and iteration counts equal a plain host loop's, ``max_iter`` bounds the loop, the
+predicate reads are not syncs, the whole loop or branch is one device op, bodies follow
+gs.capture's rules (a sync is a SyncError naming the line, a host-to-device copy is refused), a
+pending GPUScalar made outside is a recipe evaluated afresh every iteration and never cached,
+and every bad input is an error saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpuscalar as gs
+from bench import gpu_control
+
+from .helpers import host
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def adds(value):
+    """A body or branch adding ``value`` to its first argument, in place."""
+
+    def body(x, *rest):
+        x += value
+
+    return body
+
+
+def scales(value):
+    """A body multiplying its first argument by ``value``, in place."""
+
+    def body(x, *rest):
+        x *= value
+
+    return body
+
+
+def _halving(xp, start=100.0):
+    x = xp.full((), start)
+    return x, (lambda x: gs.GPUScalar(x) > 1.0), (scales(0.5))
+
+
+def _plain_halving(start=100.0):
+    x, n = start, 0
+    while x > 1.0:
+        x *= 0.5
+        n += 1
+    return x, n
+
+
+def test_a_loop_equals_the_plain_host_loop_and_returns_its_count(xp):
+    x, cond, body = _halving(xp)
+    n = gs.while_loop(cond, body, x, max_iter=1000)
+    expected_x, expected_n = _plain_halving()
+    assert isinstance(n, gs.GPUScalar) and n.dtype == np.int64
+    assert n.backend is gs.GPUScalar(x).backend
+    assert host(n) == expected_n and host(x).item() == expected_x
+
+
+def test_a_loop_is_one_device_op_and_no_sync(xp):
+    x, cond, body = _halving(xp)
+    with gs.count_syncs() as counter:
+        n = gs.while_loop(cond, body, x, max_iter=1000)
+    assert counter.count == 0 and counter.device_ops == 1
+    assert host(n) == _plain_halving()[1]
+
+
+@pytest.mark.parametrize("max_iter", [0, 1, 3])
+def test_max_iter_bounds_the_loop(xp, max_iter):
+    x, cond, _ = _halving(xp)
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        x *= 0.5
+
+    n = gs.while_loop(cond, body, x, max_iter=max_iter)
+    assert host(n) == max_iter == len(calls)
+    assert host(x).item() == 100.0 * 0.5**max_iter
+
+
+def test_a_false_predicate_runs_no_iteration(xp):
+    x = xp.zeros(())
+    n = gs.while_loop(lambda x: gs.GPUScalar(x) > 1.0, adds(1), x,
+                      max_iter=10)
+    assert host(n) == 0 and host(x).item() == 0.0
+
+
+def test_a_zero_d_bool_array_is_a_predicate(xp):
+    x = xp.zeros(())
+    n = gs.while_loop(lambda x: x < 4, adds(1), x, max_iter=10)
+    assert host(n) == 4 and host(x).item() == 4.0
+
+
+def test_a_sync_in_a_body_is_a_sync_error_naming_the_line(xp):
+    x = xp.full((), 3.0)
+
+    def body(x):
+        if float(gs.GPUScalar(x)) > 0:  # the line named
+            x -= 1
+
+    line = inspect.getsourcelines(body)[1] + 1
+    with pytest.raises(gs.SyncError, match=rf"test_control.py:{line}"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) > 0, body, x, max_iter=10)
+
+
+def test_a_sync_in_cond_is_a_sync_error(xp):
+    x = xp.full((), 3.0)
+    with pytest.raises(gs.SyncError):
+        gs.while_loop(lambda x: gs.asscalar(bool(gs.GPUScalar(x) > 0), like=x), lambda x: None,
+                      x, max_iter=10)
+
+
+def test_a_host_to_device_copy_in_a_body_is_refused_on_the_strict_device():
+    xp = gs.strict.xp
+    x = xp.zeros(3)
+
+    def body(x):
+        x += xp.asarray(np.ones(3))  # an upload, which a recorded graph cannot replay
+
+    with pytest.raises(RuntimeError, match="H2D"):
+        gs.while_loop(lambda x: gs.sum(x) < 2, body, x, max_iter=5)
+
+
+def test_a_pending_scalar_made_outside_is_evaluated_afresh_and_stays_pending(xp):
+    a, total = xp.zeros(()), xp.zeros(())
+    twice = gs.GPUScalar(a) * 2.0 + 1.0  # a recipe over a state array
+    assert not twice.is_materialized
+
+    def body(a, total):
+        total += twice  # uses the current value of a
+        a += 1.0
+
+    n = gs.while_loop(lambda a, total: gs.GPUScalar(a) < 5, body, a, total, max_iter=100)
+    assert host(n) == 5
+    assert host(total).item() == sum(2.0 * k + 1.0 for k in range(5))
+    assert not twice.is_materialized  # nothing evaluated inside was cached on it
+    assert host(twice) == 2.0 * 5 + 1.0  # read after the loop: from a's final value
+
+
+def test_a_pending_predicate_is_not_cached_either(xp):
+    a = xp.zeros(())
+    below = gs.GPUScalar(a) < 3  # made outside, used as the predicate every iteration
+    n = gs.while_loop(lambda a: below, adds(1), a, max_iter=10)
+    assert host(n) == 3 and not below.is_materialized
+
+
+def test_loops_and_conds_nest_as_one_device_op(xp):
+    i, j, total = xp.zeros(()), xp.zeros(()), xp.zeros(())
+
+    def inner(j, total, i):
+        gs.cond(gs.GPUScalar(j) < gs.GPUScalar(i), adds(1), None, total)
+        j += 1
+
+    def outer(i, j, total):
+        j[...] = 0
+        gs.while_loop(lambda j, t, i: gs.GPUScalar(j) < 4, inner, j, total, i, max_iter=10)
+        i += 1
+
+    with gs.count_syncs() as counter:
+        n = gs.while_loop(lambda i, j, t: gs.GPUScalar(i) < 3, outer, i, j, total, max_iter=10)
+    assert counter.count == 0 and counter.device_ops == 1
+    expected = sum(1 for a in range(3) for b in range(4) if b < a)
+    assert host(n) == 3 and host(total).item() == expected
+
+
+def test_matmul_in_a_body(xp, rng):
+    m = rng.standard_normal((4, 4)) * 0.1
+    a, v, tmp = xp.asarray(m), xp.ones(4), xp.zeros(4)
+
+    def body(v, tmp):
+        gs.matmul(a, v, out=tmp)
+        v[...] = tmp
+
+    n = gs.while_loop(lambda v, tmp: gs.norm(v) > 1e-3, body, v, tmp, max_iter=50)
+    w, count = np.ones(4), 0
+    while np.linalg.norm(w) > 1e-3 and count < 50:
+        w = m @ w
+        count += 1
+    assert host(n) == count
+    np.testing.assert_allclose(host(v), w, rtol=1e-12)
+
+
+def test_a_while_loop_inside_a_captured_step(xp):
+    x, cond, body = _halving(xp, start=8.0)
+    counts = xp.zeros((), dtype=np.int64)
+
+    def step(x, counts):
+        x[...] = 8.0
+        counts += gs.while_loop(cond, body, x, max_iter=100)
+
+    captured = gs.capture(step, x, counts, warmup=0)
+    captured()
+    captured()
+    assert host(counts).item() == 2 * 3 and host(x).item() == 1.0
+
+
+# ---- gs.cond ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1.0, -1.0])
+def test_cond_runs_one_branch_as_one_device_op(xp, value):
+    x, out = xp.full((), value), xp.zeros(())
+    with gs.count_syncs() as counter:
+        result = gs.cond(gs.GPUScalar(x) > 0, adds(10),
+                         adds(-10), out)
+    assert result is None and counter.count == 0 and counter.device_ops == 1
+    assert host(out).item() == (10.0 if value > 0 else -10.0)
+
+
+def test_cond_with_a_missing_branch_does_nothing(xp):
+    out = xp.zeros(())
+    gs.cond(gs.GPUScalar(out) > 0, adds(1), None, out)
+    gs.cond(gs.GPUScalar(out) == 0, None, adds(1), out)
+    assert host(out).item() == 0.0
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+def test_a_python_bool_predicate_is_a_type_error(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="Python bool"):
+        gs.while_loop(lambda x: True, lambda x: None, x, max_iter=3)
+    with pytest.raises(TypeError, match="Python bool"):
+        gs.cond(True, None, None, x)
+
+
+def test_a_non_bool_predicate_is_a_type_error(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="dtype bool, got float64"):
+        gs.while_loop(lambda x: gs.GPUScalar(x), lambda x: None, x, max_iter=3)
+    with pytest.raises(TypeError, match="0-d bool device array, got str"):
+        gs.cond("yes", None, None, x)
+
+
+def test_a_body_returning_state_is_a_type_error(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="body returned a .*update the state arrays in place"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, lambda x: x + 1, x, max_iter=3)
+    with pytest.raises(TypeError, match="true_fn returned a"):
+        gs.cond(gs.GPUScalar(x) == 0, lambda x: x + 1, None, x)
+
+
+@pytest.mark.parametrize(("max_iter", "error", "match"), [
+    (-1, ValueError, "max_iter must be >= 0, got -1"),
+    (2.0, TypeError, "max_iter must be a Python int >= 0, got float"),
+    (True, TypeError, "got bool"),
+])
+def test_a_bad_max_iter_is_an_error(xp, max_iter, error, match):
+    x = xp.zeros(())
+    with pytest.raises(error, match=match):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, lambda x: None, x, max_iter=max_iter)
+
+
+def test_max_iter_is_a_required_keyword(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="max_iter"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, lambda x: None, x)  # type: ignore[call-arg]
+
+
+def test_non_callables_and_bad_state_are_errors(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="body must be a callable, got int"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, 3, x, max_iter=3)
+    with pytest.raises(TypeError, match="false_fn must be a callable or None"):
+        gs.cond(gs.GPUScalar(x) < 3, None, "no", x)
+    with pytest.raises(TypeError, match="argument 1 is a list"):
+        gs.while_loop(lambda *s: gs.GPUScalar(x) < 3, lambda *s: None, x, [1], max_iter=3)
+
+
+def test_capture_inside_a_body_is_an_error(xp):
+    x = xp.zeros(())
+
+    def body(x):
+        gs.capture(lambda: None)
+
+    with pytest.raises(RuntimeError, match="cannot capture inside a gs.while_loop"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, body, x, max_iter=3)
+
+
+# ---- the shipped examples, on every backend ---------------------------------------------------
+
+
+def _example(name):
+    """``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    path = ROOT / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cg_example_solves_with_zero_syncs(xp):
+    cg = _example("cg")
+    a, b = cg.spd_system(xp, 40)
+    with gs.count_syncs() as counter:
+        x, n = cg.solve_on_device(a, b, xp)
+    assert counter.count == 0 and counter.device_ops < 40  # the setup, and one op for the loop
+    x_plain, n_plain = cg.solve_with_host_checks(a, b, xp)
+    assert host(n) == n_plain and host(x).tobytes() == host(x_plain).tobytes()
+
+
+def test_the_kmeans_example_clusters_with_zero_syncs(xp):
+    kmeans = _example("kmeans")
+    points = kmeans.blobs(xp)
+    with gs.count_syncs() as counter:
+        centers, labels, n = kmeans.cluster_on_device(points, xp)
+    assert counter.count == 0
+    centers_plain, labels_plain, n_plain = kmeans.cluster_with_host_checks(points, xp)
+    assert host(n) == n_plain
+    assert host(labels).tobytes() == host(labels_plain).tobytes()
+    assert host(centers).tobytes() == host(centers_plain).tobytes()
+
+
+def test_the_benchmark_says_so_and_exits_0_without_a_gpu(tmp_path):
+    if gs.gpu_available():
+        pytest.skip("a GPU is present: the benchmark measures")
+
+    script = ROOT / "bench" / "gpu_control.py"
+    out = tmp_path / "result.json"
+    result = subprocess.run([sys.executable, str(script), "--json", str(out)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "needs a CUDA GPU" in result.stdout and " ms" not in result.stdout
+    assert json.loads(out.read_text()) == {"measured": False, "reason": "no CUDA GPU"}
+
+
+def test_the_benchmark_cg_measurement_agrees_on_the_cpu(xp):
+    """The measured code runs (NumPy, strict): same iterates, zero syncs for while_loop."""
+
+    found = gpu_control.measure_cg(xp, 30, repeats=1)
+    assert found["same_iterates"] and found["syncs"]["while_loop"] == 0
+    assert found["syncs"]["host checks"] == found["iterations"]["host checks"] + 1
+    cost = gpu_control.measure_iteration_cost(xp, 5, repeats=1)
+    assert cost["iterations"] == 5 and "microseconds_per_iteration_beyond_body" in cost
