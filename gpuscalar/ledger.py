@@ -242,10 +242,11 @@ _in_loop_body: ContextVar[bool] = ContextVar("gpuscalar_in_loop_body", default=F
 
 @contextlib.contextmanager
 def loop_body() -> Iterator[None]:
-    """Mark the block as a `gs.while_loop`/`gs.cond` body (or predicate). A pending GPUScalar
-    evaluated there is a recipe evaluated where it is used, from its inputs' current values at
-    each iteration (what recording gives on a GPU): the result is not cached on the scalar
-    (`scalar._materialize`), which stays pending. `gs.capture` refuses to start there."""
+    """Mark the block as a body recorded once and run many times: a `gs.while_loop`/`gs.cond`
+    body (or predicate), or a `gs.capture` step. A pending GPUScalar evaluated there is a
+    recipe evaluated where it is used, from its inputs' current values at each iteration (what
+    recording gives on a GPU): the result is not cached on the scalar (`scalar._materialize`),
+    which stays pending. `gs.capture` refuses to start there."""
     token = _in_loop_body.set(True)
     try:
         yield

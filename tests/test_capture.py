@@ -540,3 +540,26 @@ def test_warm_up_evaluates_a_returned_pending_scalar_so_recording_compiles_nothi
         assert isinstance(captured._result, gs.GPUScalar) and captured._result.is_materialized
         assert len(seam.graphs) == 1
     assert builds and builds == [0] * len(builds)  # built while warming up, none while recording
+
+
+def test_a_pending_scalar_made_outside_a_step_is_a_recipe_never_cached_in_it(xp):
+    """As in a gs.while_loop body: a pending GPUScalar made outside the step and used inside is
+    evaluated where it is used, from its inputs' values at each replay (what a recorded graph
+    does), and no evaluation inside caches a value on it: it stays pending after the step."""
+    counter = xp.zeros(())
+    rate = gs.GPUScalar(counter) * 2.0 + 1.0  # pending, made outside, read inside
+    out, value = xp.zeros(3), xp.zeros(())
+
+    def step(out, value):
+        value[...] = rate.array  # the scalar evaluated into a 0-d array (one launch)
+        out += value
+
+    captured = gs.capture(step, out, value, warmup=2)
+    assert not rate.is_materialized
+    counter[...] = 5.0
+    captured()
+    counter[...] = 10.0
+    captured()
+    assert host(out).tolist() == [1.0 + 1.0 + 11.0 + 21.0] * 3
+    assert not rate.is_materialized
+    assert float(rate) == 21.0  # outside any body, a read evaluates it from today's inputs

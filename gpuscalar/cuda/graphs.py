@@ -172,36 +172,39 @@ def _guarded(backend: Backend, *, recording: bool) -> Iterator[None]:
     capture), another capture may not start inside."""
     token = None
     if recording:
+        if _capturing.get(False):  # (a ContextVar, not a device read)
+            raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
+                               "nest (a captured step may replay another one)")
         if ledger.in_loop_body():
             raise RuntimeError("gs.capture: cannot capture inside a gs.while_loop or gs.cond "
                                "body (it is recorded into the enclosing graph already); "
                                "capture the whole loop instead")
-        if _capturing.get(False):  # (a ContextVar, not a device read)
-            raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
-                               "nest (a captured step may replay another one)")
         token = _capturing.set(True)
     try:
         if backend is CUPY:  # CuPy's own syncs (float(x), x.get(), ...) through its hook
             library_syncs: Any = sync.count_syncs(include_cupy=True)
         else:  # the strict device declares its reads without CuPy
             library_syncs = sync._activate(sync.SyncCounter(include_cupy=True))
-        with sync.sync_guard("error"), library_syncs:
+        # a body, as a loop's: a pending GPUScalar made outside is a recipe evaluated where it
+        # is used, from its inputs' values at each replay (what a recorded graph does), never
+        # cached on the scalar by an evaluation in here
+        with sync.sync_guard("error"), library_syncs, ledger.loop_body():
             yield
     finally:
         if token is not None:
             _capturing.reset(token)
 
 
-def _materialized(result: Any) -> Any:
-    """``result`` with every pending GPUScalar evaluated (inside the capture: its kernel is
-    recorded, and its value lives in a static buffer)."""
+def _materialized(backend: Backend, result: Any) -> Any:
+    """``result`` with every GPUScalar as a materialized one over the array its value is in
+    (inside the capture: the evaluating kernel is recorded, and the value lives in a static
+    buffer); the step's own scalars are not changed (nothing is cached in a body)."""
     if isinstance(result, GPUScalar):
-        _array_of(result)
-        return result
+        return _wrap(backend, _array_of(result))
     if isinstance(result, (tuple, list)):
-        return type(result)(_materialized(r) for r in result)
+        return type(result)(_materialized(backend, r) for r in result)
     if isinstance(result, dict):
-        return {key: _materialized(value) for key, value in result.items()}
+        return {key: _materialized(backend, value) for key, value in result.items()}
     return result
 
 
@@ -374,7 +377,7 @@ class CapturedStep:
         with sync.graph_body():
             for _ in range(self.steps):
                 result = self._fn(*self._args)
-            return _materialized(result)
+            return _materialized(self.backend, result)
 
     def _record_on_cupy(self) -> None:
         seam = CUPY.seam
@@ -394,7 +397,7 @@ class CapturedStep:
                         for _ in range(self.warmup):
                             # a returned pending GPUScalar is evaluated here too, so its kernel
                             # is compiled before recording (recording then compiles nothing)
-                            _materialized(self._fn(*self._args))
+                            _materialized(CUPY, self._fn(*self._args))
                     # what gs.matmul would otherwise make while recording: alpha/beta constants
                     # and this stream's cuBLAS handle, when no warm-up ran (it would have made
                     # it) or the program multiplies somewhere (a captured step called in fn
@@ -443,7 +446,7 @@ class CapturedStep:
                 for _ in range(self.steps):
                     result = self._fn(*self._args)
                 if self.backend is CUPY:
-                    result = _materialized(result)
+                    result = _materialized(self.backend, result)
         except (NotImplementedError, RuntimeError) as error:
             pointed = _pointed(error)
             if pointed is None:

@@ -286,7 +286,7 @@ def is_node(value: Any) -> bool:
 def child_key(child: Any) -> int:
     """The key of any child: a node's own, or that of its leaf or constant kind."""
     if type(child) is Node:
-        return child[0]
+        return child.key
     if isinstance(child, np.generic):
         return const_key(child.dtype)
     return leaf_key(child.dtype)
@@ -361,16 +361,31 @@ def postorder(root: Node) -> Iterator[tuple[Any, bool]]:
 
 def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
-    as `postorder` meets them). Called for every evaluation, so it walks without a generator."""
+    as `postorder` meets them). Called for every evaluation and fold: an expression within the
+    size bound (`MAX_NODES`, so at most that deep) is walked recursively, the fastest way for a
+    few nodes; a larger tree (built by hand) iteratively, at any depth."""
+    if root.size <= MAX_NODES:
+        return _small_leaves(root)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
     while stack:
         item = pop()
         if type(item) is Node:
-            push(item[3][::-1])  # the children, last first: popped left to right
+            push(item.children[::-1])  # the children, last first: popped left to right
         else:
             append(item)
+    return leaves
+
+
+def _small_leaves(node: Node) -> list[Any]:
+    leaves: list[Any] = []
+    append = leaves.append
+    for child in node.children:
+        if type(child) is Node:
+            leaves += _small_leaves(child)
+        else:
+            append(child)
     return leaves
 
 
