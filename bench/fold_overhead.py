@@ -65,7 +65,8 @@ def recorded_launches(result: Any) -> Iterator[list[int]]:
 
     saved = CUPY.__dict__.get("call"), CUPY.__dict__.get("device_context")
     CUPY.call = call  # type: ignore[method-assign]
-    CUPY.device_context = lambda device: contextlib.nullcontext()  # type: ignore[method-assign]
+    no_switch = contextlib.nullcontext()  # reusable: the stand-in allocates nothing per call
+    CUPY.device_context = lambda device: no_switch  # type: ignore[method-assign]
     try:
         yield launches
     finally:

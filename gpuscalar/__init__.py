@@ -4,6 +4,8 @@ The public API, re-exported from the modules that implement it (see README, "Arc
 Importing gpuscalar never imports CuPy.
 """
 
+# GPUScalar's operators and array operations first: they register behind its hooks
+from . import arrays, operators  # noqa: F401, I001
 from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .control import cond, while_loop

@@ -4,13 +4,14 @@ Why this module exists: code that used ``math.sqrt(float(x.sum()))`` or ``min(lr
 the same operations on a GPUScalar without a sync. Each helper takes GPUScalars, arrays and
 Python numbers, and follows the promotion rules (`gpuscalar.promote`): a GPUScalar for scalar
 operands (a pending node when lazy, through the operators' generated hot paths in
-`gpuscalar.scalar`), an array of the parity dtype for array operands.
+`gpuscalar.operators`), an array of the parity dtype for array operands.
 
 The ufunc helpers are generated from one table, `MATH_FUNCTIONS` (a new helper is one row there,
 plus its name in ``gpuscalar/__init__.py``); ``where`` and ``clip`` are written out (``where``
 records its own node; ``clip`` is ``minimum(maximum(...))``). This module builds on
-`gpuscalar.scalar`, never the reverse: GPUScalar's NumPy and CuPy hooks reach ``clip`` and the
-CuPy kernels that are no NumPy ufunc through `scalar.register_math_hooks`, called below.
+`gpuscalar.scalar`, `.operators` and `.arrays`, never the reverse: GPUScalar's NumPy and CuPy
+hooks reach ``clip`` and the CuPy kernels that are no NumPy ufunc through
+`scalar.register_hooks`, called below.
 """
 
 from __future__ import annotations
@@ -20,28 +21,23 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
-from . import promote, scalar
+from . import promote
+from .arrays import _common_backend, _stand_in, apply_ufunc
 from .backend import Backend, backend_of
 from .lazy import expr
 from .lazy.expr import Node, make_node
+from .operators import _FAST_TABLES, _constant, _fast_function, _kind_stand_in, _lazy_ufunc
 from .scalar import (
-    _FAST_TABLES,
     _MISSING,
     _SCALAR_CLASSES,
     GPUScalar,
     _array_of,
     _child,
-    _common_backend,
-    _constant,
-    _fast_function,
-    _kind_stand_in,
-    _lazy_ufunc,
     _operand_label,
     _pending,
-    _stand_in,
     _wrap,
-    apply_ufunc,
     asscalar,
+    register_hooks,
 )
 
 __all__ = ["MATH_FUNCTIONS", "HELPERS", "clip", "clip_call", "where", *(
@@ -122,45 +118,49 @@ def _apply_math(name: str, *operands: Any) -> Any:
 
 def _make_math_function(public_name: str, ufunc_name: str) -> Callable[..., Any]:
     """The helper ``gs.<public_name>``: a real GPUScalar operand takes its class's generated
-    hot path (the operators', `scalar._fast_function`), anything else `_apply_math`."""
+    hot path (the operators', `operators._fast_function`), anything else `_apply_math`. One
+    function per operand count: no branch on it in the call."""
     nin = getattr(np, ufunc_name).nin
     fast_tables = _FAST_TABLES
 
-    def function(*operands: Any) -> Any:
-        if len(operands) != nin:
-            raise TypeError(
-                f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}"
-            )
-        result = _MISSING
-        if nin == 1:
-            tables = fast_tables.get(type(operands[0]))
-            if tables is not None:
-                fast = tables[0].get(ufunc_name) or _fast_function(
-                    type(operands[0]), ufunc_name, 1, False)
-                if fast is not None:
-                    return fast(operands[0])
-        elif nin == 2:  # a real GPUScalar on either side: the operators' hot path
-            first, second = operands
-            tables = fast_tables.get(type(first))
-            if tables is not None:
-                fast = tables[1].get(ufunc_name) or _fast_function(
-                    type(first), ufunc_name, 2, False)
-                result = _MISSING if fast is None else fast(first, second)
-            else:
-                tables = fast_tables.get(type(second))
-                if tables is not None:
-                    fast = tables[2].get(ufunc_name) or _fast_function(
-                        type(second), ufunc_name, 2, True)
-                    result = _MISSING if fast is None else fast(second, first)
-            if result is NotImplemented:
-                labels = ", ".join(_operand_label(op) for op in operands)
-                raise TypeError(
-                    f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}"
-                )
-        if result is not _MISSING:
-            return result
-        return _apply_math(ufunc_name, *operands)
+    def miscounted(operands: tuple[Any, ...]) -> TypeError:
+        return TypeError(f"gpuscalar.{public_name}() takes {nin} operand(s), got {len(operands)}")
 
+    def one(*operands: Any) -> Any:
+        try:
+            (x,) = operands  # (a try costs nothing in CPython 3.11 unless it raises)
+        except ValueError:
+            raise miscounted(operands) from None
+        tables = fast_tables.get(type(x))
+        if tables is not None:
+            fast = tables[0].get(ufunc_name) or _fast_function(type(x), ufunc_name, 1, False)
+            if fast is not None:
+                return fast(x)
+        return _apply_math(ufunc_name, x)
+
+    def two(*operands: Any) -> Any:
+        try:
+            x, y = operands
+        except ValueError:
+            raise miscounted(operands) from None
+        tables = fast_tables.get(type(x))  # a real GPUScalar on either side: its hot path
+        if tables is not None:
+            fast = tables[1].get(ufunc_name) or _fast_function(type(x), ufunc_name, 2, False)
+            result = _MISSING if fast is None else fast(x, y)
+        else:
+            tables = fast_tables.get(type(y))
+            if tables is None:
+                return _apply_math(ufunc_name, x, y)
+            fast = tables[2].get(ufunc_name) or _fast_function(type(y), ufunc_name, 2, True)
+            result = _MISSING if fast is None else fast(y, x)
+        if result is NotImplemented:
+            labels = ", ".join(_operand_label(op) for op in operands)
+            raise TypeError(
+                f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}"
+            )
+        return _apply_math(ufunc_name, x, y) if result is _MISSING else result
+
+    function = one if nin == 1 else two
     function.__name__ = function.__qualname__ = public_name
     function.__module__ = __name__
     function.__doc__ = (
@@ -213,7 +213,7 @@ def clip(x: Any, lower: Any, upper: Any) -> Any:
 def where(condition: Any, x: Any, y: Any) -> Any:
     """Device select. All-scalar operands give a GPUScalar; with an array operand, the array's
     backend ``where`` with GPUScalar branches acting as the Python scalars they replace."""
-    if expr.is_lazy():
+    if _is_lazy():
         pending = _lazy_where(condition, x, y)
         if pending is not None:
             return pending
@@ -301,11 +301,12 @@ def _route_cupy_kernel(backend: Backend, kernel: Any, name: str | None, args: tu
     return backend.call(kernel, *arrays, **kwargs)
 
 
-#: operand kinds (see `_LAZY_LOOPS`) -> (the result dtype, the where op, each operand's key as a
-#: leaf or constant), or None where eager code decides (a condition that is not bool, an operand
-#: that is not a scalar, no GPUScalar at all)
+#: operand kinds (see `operators._LAZY_LOOPS`) -> (the result dtype, the where op, each
+#: operand's key as a leaf or constant), or None where eager code decides (a condition that is
+#: not bool, an operand that is not a scalar, no GPUScalar at all)
 _WHERE_LOOPS: dict[tuple[Any, Any, Any], Any] = {}
 _BOOL = np.dtype(bool)
+_is_lazy = expr.is_lazy
 
 
 def _is_scalar_kind(kind: Any) -> bool:
@@ -367,22 +368,22 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
             return None
     size = 1
     if c_scalar:
-        condition = _child(condition)
+        condition = condition._array if condition._node is None else _child(condition)
         if type(condition) is Node:
             c_key = condition.key
             size += condition.size
     if x_scalar:
-        x = _child(x)
+        x = x._array if x._node is None else _child(x)
         if type(x) is Node:
             x_key = x.key
             size += x.size
     if y_scalar:
-        y = _child(y)
+        y = y._array if y._node is None else _child(y)
         if type(y) is Node:
             y_key = y.key
             size += y.size
     node = make_node(op, (condition, x, y), (c_key, x_key, y_key), size)
-    return _pending(backend, node, dtype, device)
+    return _pending(type(first)._classes[dtype.kind], node, dtype, device)
 
 
-scalar.register_math_hooks(clip_call=clip_call, route_cupy_kernel=_route_cupy_kernel)
+register_hooks(clip_call=clip_call, route_cupy_kernel=_route_cupy_kernel)

@@ -438,3 +438,37 @@ def test_nodes_have_named_fields_and_one_constructor():
     assert expr.make_node(inner.op, (np.asarray(1.0), two)).key == inner.key  # another leaf
     assert expr.make_node(inner.op, (np.float64(1.0), two)).key != inner.key  # a constant
     assert repr(built).startswith("Node(Op(add(")
+
+
+# ---- node fields by index, cache hits ----------------------------------------------------------
+
+
+def test_node_fields_by_index_are_its_named_fields():
+    """The hot paths read a node by the index constants; they must name the same fields."""
+    node = ((gs.asscalar(1.5) * 2.0) + 1.0)._node
+    by_index = (node[expr.KEY], node[expr.SIZE], node[expr.OP], node[expr.CHILDREN])
+    assert by_index == (node.key, node.size, node.op, node.children)
+    assert node.size == 2 and node.op.name == "add" and expr.is_node(node.children[0])
+
+
+def test_a_cache_hit_counts_as_a_use_and_a_miss_gives_the_default():
+    """`BoundedCache.hit` (the fold's plan lookup) is `get` without building a value: a hit
+    makes the entry the most recently used (kept when the bound evicts), a miss builds nothing
+    and answers the default."""
+    previous = expr.set_cache_size(2)
+    try:
+        cache, built = expr.BoundedCache(), []
+
+        def build(name: str) -> str:
+            built.append(name)
+            return name.upper()
+
+        for name in "ab":
+            cache.get(name, build, name)
+        missing = object()
+        assert cache.hit("z", missing) is missing and "z" not in cache and built == ["a", "b"]
+        assert cache.hit("a", missing) == "A"
+        cache.get("c", build, "c")  # evicts the least recently used: b, not a
+        assert "a" in cache and "b" not in cache and "c" in cache
+    finally:
+        expr.set_cache_size(previous)

@@ -474,10 +474,9 @@ def test_each_backend_has_one_executor_and_its_scalars_use_it(xp, monkeypatch):
 def test_a_repeated_array_operation_decides_its_loop_once(xp, monkeypatch):
     """``lr * g`` decides NumPy's parity loop (and CuPy's dtype= pin) from the operands' kinds
     once; repeated, it is a lookup: the resolver is not asked again, the result the same."""
-    from gpuscalar import promote
-    from gpuscalar import scalar as scalar_module
+    from gpuscalar import arrays, promote
 
-    monkeypatch.setattr(scalar_module, "_ARRAY_CALLS", {})  # decided afresh here
+    monkeypatch.setattr(arrays, "_ARRAY_CALLS", {})  # decided afresh here
     asked = []
     real = promote.parity_signature
     monkeypatch.setattr(promote, "parity_signature",

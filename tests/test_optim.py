@@ -11,6 +11,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim, sync
+from gpuscalar.lazy import rules
 
 from .helpers import host
 
@@ -1193,11 +1194,12 @@ def test_clip_and_all_finite_bad_input():
 
 
 def test_numpy_and_kernel_paths_share_one_description():
-    """The NumPy evaluator runs exactly the Program's strings: editing a Program's body changes
-    the NumPy result, so the CUDA kernel (generated from the same strings) cannot drift."""
+    """The NumPy evaluator runs exactly the Program's rules: editing a Program's body changes
+    the NumPy result, so the CUDA kernel (printed from the same nodes) cannot drift."""
+    param, grad, lr, weight_decay, g = rules.symbols("param grad lr weight_decay g")
     halved = optim.Program(
         name="sgd_half", scalars=optim.SGD_PLAIN.scalars, arrays=optim.SGD_PLAIN.arrays,
-        prelude=(), body=(("g", "grad + weight_decay * param"), ("p", "param - lr * g / 2")),
+        prelude=(), body=(("g", grad + weight_decay * param), ("p", param - lr * g / 2)),
         outputs=optim.SGD_PLAIN.outputs,
     )
     p = np.ones(3)

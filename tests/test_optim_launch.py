@@ -9,9 +9,9 @@ optimizers' CUDA executor (`gpuscalar.optim.executors.CudaExecutor`), receives e
 parameter (a CuPy RawKernel passes a NumPy scalar by its dtype: a float64 for a ``const float``
 would be garbage on a GPU; a struct parameter takes a size-one NumPy array of the struct's
 dtype), reads the tables' addresses back to the arrays they point into, and runs the generated
-code's scalar lines and the Program's strings with NumPy, block by block. It records graphs as
-CuPy does (launches kept with copies of their by-value arguments, uploads refused) and replays
-them without running the step's Python.
+code's scalar lines and the Program's rules (the library's host evaluator) with NumPy, block by
+block. It records graphs as CuPy does (launches kept with copies of their by-value arguments,
+uploads refused) and replays them without running the step's Python.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gpuscalar import backend as backend_module
 from gpuscalar import optim, sync
 from gpuscalar.lazy import codegen
 from gpuscalar.optim import executors
+from gpuscalar.optim.program import apply_rules
 
 from .cupy_seam import parse_kernel
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
@@ -282,16 +283,7 @@ class EmulatedCuda(backend_module.Backend):
 
     @staticmethod
     def _apply(program: optim.Program, scalars: dict[str, Any], arrays: dict[str, Any]) -> None:
-        with np.errstate(all="ignore"):
-            env = dict(optim.NUMPY_HELPERS)
-            env.update(scalars)
-            for name, expression in program.prelude:
-                env[name] = eval(expression, env)  # noqa: S307
-            env.update(arrays)
-            for name, expression in program.body:
-                env[name] = eval(expression, env)  # noqa: S307
-            for array, temporary in program.outputs:
-                np.copyto(arrays[array], env[temporary], casting="same_kind")
+        apply_rules(program, scalars, [arrays])
 
 
 @pytest.fixture

@@ -384,7 +384,7 @@ def test_cupy_elementwise_override_passes_device_arrays_to_user_kernels():
 
 
 def test_apply_ufunc_with_out_array_updates_in_place():
-    from gpuscalar.scalar import apply_ufunc
+    from gpuscalar.arrays import apply_ufunc
 
     x = np.zeros(3, dtype=np.float32)
     result = apply_ufunc("add", np.arange(3, dtype=np.float32), gs.asscalar(2.0), out=x)
@@ -573,3 +573,51 @@ def test_declared_helper_types_match_the_helper_table():
     for public in gs_math.MATH_FUNCTIONS:
         assert getattr(gs, public) is getattr(gs_math, public) is gs_math.HELPERS[public]
         assert gs_math.HELPERS[public].__name__ == public
+
+
+def test_an_expression_kept_inside_a_loop_body_is_used_with_its_value(xp):
+    """A pending scalar larger than `expr.KEEP_NODES` used twice is materialized (kept) at its
+    second use. Inside a `gs.while_loop` body the kept array is not cached on the scalar (the
+    body is a recipe, evaluated afresh each iteration), so the operator must use the array the
+    materialization returned: 0.2's recorded a missing operand there (NaN)."""
+    x = xp.zeros(1)
+    lr = gs.asscalar(0.5, like=x)
+
+    def body(x):
+        y = (((lr * 2.0 + 1.0) - 0.5) * 3.0) + 1.0  # 5 nodes: kept when used twice
+        x += y * y
+
+    iterations = gs.while_loop(lambda x: gs.sum(x) < 3.0, body, x, max_iter=10)
+    assert int(iterations) == 1
+    np.testing.assert_array_equal(host(x), [30.25])
+
+
+def test_scalar_hooks_refuse_an_unknown_name():
+    """The modules built on gpuscalar.scalar register behind named hooks; a misspelt name is
+    an error naming it, never a silently unused function."""
+    from gpuscalar import scalar as scalar_module  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match=r"unknown hook\(s\) \['clip'\]"):
+        scalar_module.register_hooks(clip=lambda *args: None)
+
+
+def test_the_scalar_layers_import_downwards_only_and_stay_small():
+    """gpuscalar.scalar (the scalar itself) imports none of the modules built on it
+    (operators, arrays, math: they reach it through `register_hooks`), operators imports
+    neither arrays nor math, arrays not math; and none of the four exceeds 800 lines."""
+    import ast  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    package = Path(gs.__file__).parent
+    above = {"scalar": {"operators", "arrays", "math"}, "operators": {"arrays", "math"},
+             "arrays": {"math"}, "math": set()}
+    for module, forbidden in above.items():
+        source = (package / f"{module}.py").read_text(encoding="utf-8")
+        imported = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported.add((node.module or "").split(".")[0])
+                if not node.module:
+                    imported.update(alias.name for alias in node.names)
+        assert not imported & forbidden, (module, imported & forbidden)
+        assert len(source.splitlines()) <= 800, module

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
+from gpuscalar import arrays
 from gpuscalar import scalar as scalar_module
 from gpuscalar.backend import NumpyBackend
 from gpuscalar.lazy import expr
@@ -125,8 +126,8 @@ def test_threads_starting_on_a_backend_together_share_its_scalar_classes(monkeyp
 
 @pytest.fixture
 def second_waits_for_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    """Wrap scalar-module functions so that two threads both enter one, then one completes
-    its call before the other starts (the first to enter, or the call to the function
+    """Wrap functions of gpuscalar.scalar (or .arrays) so that two threads both enter one, then
+    one completes its call before the other starts (the first to enter, or the call to the function
     installed with ``first=True``): the second then works on a scalar that was pending when it
     looked and is materialized now."""
     barrier, first_done = threading.Barrier(2), threading.Event()
@@ -134,7 +135,8 @@ def second_waits_for_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
     lock = threading.Lock()
 
     def install(name: str, first: bool | None = None) -> None:
-        real = getattr(scalar_module, name)
+        module = arrays if name == "_fused" else scalar_module  # the array side: gs.arrays
+        real = getattr(module, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with lock:
@@ -149,7 +151,7 @@ def second_waits_for_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
             assert first_done.wait(5)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(scalar_module, name, wrapper)
+        monkeypatch.setattr(module, name, wrapper)
 
     yield install
 

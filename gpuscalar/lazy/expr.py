@@ -60,6 +60,10 @@ __all__ = [
     "Op",
     "get_op",
     "Node",
+    "KEY",
+    "SIZE",
+    "OP",
+    "CHILDREN",
     "make_node",
     "leaf_key",
     "LEAF_KEYS",
@@ -255,6 +259,12 @@ def const_key(dtype: np.dtype) -> int:
     return key
 
 
+#: A `Node`'s fields by index, for the few hot paths that read them without the named
+#: properties (an index is a C call; ``node.key`` a property call): ``node[KEY]`` is
+#: ``node.key``, and so on.
+KEY, SIZE, OP, CHILDREN = 0, 1, 2, 3
+
+
 class Node(tuple):
     """One pending operation: the tuple ``(key, size, op, children)`` with named fields.
 
@@ -265,14 +275,14 @@ class Node(tuple):
     __slots__ = ()
 
     #: The interned structure key (equal keys: equal ops, dtypes and leaf kinds).
-    key: int = property(itemgetter(0))  # type: ignore[assignment]
+    key: int = property(itemgetter(KEY))  # type: ignore[assignment]
     #: How many op nodes the tree holds (this one included).
-    size: int = property(itemgetter(1))  # type: ignore[assignment]
+    size: int = property(itemgetter(SIZE))  # type: ignore[assignment]
     #: The `Op` this node applies.
-    op: Op = property(itemgetter(2))  # type: ignore[assignment]
+    op: Op = property(itemgetter(OP))  # type: ignore[assignment]
     #: The operands, in call order: nodes, 0-d device arrays (leaves) or NumPy scalars
     #: (constants).
-    children: tuple[Any, ...] = property(itemgetter(3))  # type: ignore[assignment]
+    children: tuple[Any, ...] = property(itemgetter(CHILDREN))  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"Node({describe_structure(self[0])}, size={self[1]})"
@@ -363,16 +373,17 @@ def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
     as `postorder` meets them). Called for every evaluation and fold: an expression within the
     size bound (`MAX_NODES`, so at most that deep) is walked recursively, the fastest way for a
-    few nodes; a larger tree (built by hand) iteratively, at any depth."""
-    if root.size <= MAX_NODES:
-        return _small_leaves(root)
+    few nodes; a larger tree (built by hand) iteratively, at any depth. (Fields by index: this
+    is on the path of every fold.)"""
+    if root[SIZE] <= MAX_NODES:
+        return _small_leaves(root)  # (written as a function of its own: it recurses)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
     while stack:
         item = pop()
         if type(item) is Node:
-            push(item.children[::-1])  # the children, last first: popped left to right
+            push(item[CHILDREN][::-1])  # the children, last first: popped left to right
         else:
             append(item)
     return leaves
@@ -380,12 +391,11 @@ def leaves_of(root: Node) -> list[Any]:
 
 def _small_leaves(node: Node) -> list[Any]:
     leaves: list[Any] = []
-    append = leaves.append
-    for child in node.children:
+    for child in node[CHILDREN]:
         if type(child) is Node:
             leaves += _small_leaves(child)
         else:
-            append(child)
+            leaves.append(child)
     return leaves
 
 
@@ -456,10 +466,16 @@ class BoundedCache:
 
     def get(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
         """The value for ``key``; ``make(*args)`` builds it (once) when it is not cached."""
+        value = self.hit(key, _MISSING)
+        return self._miss(key, make, args) if value is _MISSING else value
+
+    def hit(self, key: Any, default: Any = None) -> Any:
+        """The value for ``key`` if cached (now the most recently used), else ``default``: for
+        a hot caller whose `get` would pack many arguments for a miss that seldom happens."""
         data = self._data
         value = data.get(key, _MISSING)
         if value is _MISSING:
-            return self._miss(key, make, args)
+            return default
         try:
             data.move_to_end(key)
         except KeyError:  # evicted by another thread meanwhile: the value is still right

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..backend import CUPY, NUMPY, Backend
 from . import codegen, expr
-from .expr import DEFAULT_CACHE_SIZE, BoundedCache, cache_size, set_cache_size
+from .expr import DEFAULT_CACHE_SIZE, KEY, BoundedCache, cache_size, set_cache_size
 
 __all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize",
            "fused_ufunc", "DEFAULT_CACHE_SIZE", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
@@ -140,7 +140,7 @@ class CupyExecutor(Executor):
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
-        if cupy_fuses_keywords(kwargs):
+        if not kwargs or cupy_fuses_keywords(kwargs):  # (no keywords: the common fold)
             found = _fused_on_cupy(self.backend, name, operands, kwargs, pending, keep)
             if found is not NotImplemented:
                 return found
@@ -234,7 +234,8 @@ def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[s
     """
     if keep and _is_empty(backend, operands, kwargs.get("out")):
         keep = frozenset()
-    return executor_for(backend).fused_ufunc(name, operands, kwargs, pending, keep)
+    executor = _EXECUTORS.get(backend) or executor_for(backend)
+    return executor.fused_ufunc(name, operands, kwargs, pending, keep)
 
 
 #: The keyword arguments `_fused_on_cupy` implements (with ``casting="unsafe"`` only).
@@ -346,6 +347,7 @@ def _pins_loop(name: str, dtype: np.dtype) -> bool:
 
 
 _PYTHON_KINDS = frozenset({bool, float, complex})
+_NO_PLAN = object()  # a plan not cached (a cached plan may be None: CuPy cannot fuse)
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
@@ -363,7 +365,7 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     for position, operand in enumerate(operands):
         root = pending.get(position)
         if root is not None:
-            key.append((root.key, position in keep))
+            key.append((root[KEY], position in keep))
             args += leaves_of(root)
             continue
         kind = type(operand)
@@ -378,8 +380,11 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
         key.append(tuple(o.dtype for o in outs))
         if _any_overlap(outs, args, backend.xp.ndarray):
             return NotImplemented  # partial overlap: CuPy's ufunc copies inputs first; so do we
-    plan = _PLANS.get(tuple(key), _make_plan, backend, name, operands, kwargs, pending, keep,
-                      outs, args)
+    plan_key = tuple(key)
+    plan = _PLANS.hit(plan_key, _NO_PLAN)
+    if plan is _NO_PLAN:
+        plan = _PLANS.get(plan_key, _make_plan, backend, name, operands, kwargs, pending, keep,
+                          outs, args)
     if plan is None:
         return NotImplemented
     kernel, out_dtypes, kept_dtypes, device_index = plan

@@ -8,7 +8,8 @@ step. Here every hyperparameter may be a `GPUScalar`, read by the kernel on the 
 nothing is ever read back to the host.
 
 One file per idea (this module only re-exports):
-  program.py       update rules as data (`Program`), scalar kinds, the NumPy evaluator
+  program.py       update rules as data (`Program` of `gpuscalar.lazy.rules` nodes), scalar
+                   kinds, the host evaluator
   kernels.py       CUDA source generation (update, step-counter and address-table kernels)
   executors.py     host (NumPy) or CUDA (the launch seam) execution, chosen once per backend;
                    `route`: how a kernel receives each scalar
@@ -19,8 +20,8 @@ One file per idea (this module only re-exports):
   adam.py, sgd.py, rmsprop.py, lion.py   one algorithm each: Programs, class, functional step
 A new optimizer is one file plus one import line here (its Programs `register` themselves, so
 the kernel tests compile them). ``Program``, ``PROGRAMS`` and ``kernel_source`` describe the
-generated kernels, not the optimizers' API; ``_route``, ``_run_program``, ``NUMPY_HELPERS`` and
-the ``MULTI_TENSOR_*`` constants stay importable here for the tests and benchmarks.
+generated kernels, not the optimizers' API; ``_route``, ``_run_program`` and the
+``MULTI_TENSOR_*`` constants stay importable here for the tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -43,12 +44,7 @@ from .kernels import (  # noqa: F401
     kernel_source,
 )
 from .lion import LION, Lion, lion_step
-from .program import (
-    COUNTER_READS,
-    NUMPY_HELPERS,  # noqa: F401
-    PROGRAMS,
-    Program,
-)
+from .program import COUNTER_READS, PROGRAMS, Program
 from .rmsprop import RMSPROP_PROGRAMS, RMSprop, rmsprop_step
 from .sgd import SGD, SGD_MOMENTUM, SGD_NESTEROV, SGD_PLAIN, sgd_step
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..lazy import rules
+from ..lazy.rules import sqrt, symbols
 from ..scalar import GPUScalar
 from .base import Hyperparameter, Optimizer, betas_setting, nonnegative
 from .checks import betas_pair, check_skip, hyper, step_arrays
@@ -18,46 +20,36 @@ from .program import Program, register
 
 __all__ = ["ADAM", "ADAMW", "adam_step", "Adam", "AdamW"]
 
-_ADAM_PRELUDE = (
-    ("bias1", "1 - pow(beta1, step)"),
-    ("bias2_sqrt", "sqrt(1 - pow(beta2, step))"),
-    ("step_size", "lr / bias1"),
-)
-_ADAM_MOMENTS = (
-    ("m", "beta1 * exp_avg + (1 - beta1) * g"),
-    ("v", "beta2 * exp_avg_sq + (1 - beta2) * g * g"),
-)
-_ADAM_SCALARS = ("lr", "beta1", "beta2", "eps", "weight_decay", "step")
-_ADAM_ARRAYS = ("param", "grad", "exp_avg", "exp_avg_sq")
-_ADAM_OUTPUTS = (("param", "p"), ("exp_avg", "m"), ("exp_avg_sq", "v"))
 
-#: PyTorch Adam: L2 weight decay is added to the gradient.
-ADAM = Program(
-    name="adam",
-    scalars=_ADAM_SCALARS,
-    arrays=_ADAM_ARRAYS,
-    prelude=_ADAM_PRELUDE,
-    body=(
-        ("g", "grad + weight_decay * param"),
-        *_ADAM_MOMENTS,
-        ("p", "param - step_size * m / (sqrt(v) / bias2_sqrt + eps)"),
-    ),
-    outputs=_ADAM_OUTPUTS,
-)
-#: PyTorch AdamW: decoupled weight decay shrinks the parameter before the Adam update.
-ADAMW = Program(
-    name="adamw",
-    scalars=_ADAM_SCALARS,
-    arrays=_ADAM_ARRAYS,
-    prelude=(*_ADAM_PRELUDE, ("decay", "1 - lr * weight_decay")),
-    body=(
-        ("g", "grad"),
-        *_ADAM_MOMENTS,
-        ("p", "param * decay - step_size * m / (sqrt(v) / bias2_sqrt + eps)"),
-    ),
-    outputs=_ADAM_OUTPUTS,
-)
-#: PyTorch SGD without momentum.
+def _programs() -> tuple[Program, Program]:
+    """PyTorch's Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay
+    shrinks the parameter before the Adam update), sharing the moments and bias correction."""
+    lr, beta1, beta2, eps, weight_decay, step = symbols("lr beta1 beta2 eps weight_decay step")
+    param, grad, exp_avg, exp_avg_sq = symbols("param grad exp_avg exp_avg_sq")
+    bias1, bias2_sqrt, step_size, decay, g, m, v = symbols(
+        "bias1 bias2_sqrt step_size decay g m v")
+    prelude = (
+        ("bias1", 1 - rules.pow(beta1, step)),
+        ("bias2_sqrt", sqrt(1 - rules.pow(beta2, step))),
+        ("step_size", lr / bias1),
+    )
+    moments = (
+        ("m", beta1 * exp_avg + (1 - beta1) * g),
+        ("v", beta2 * exp_avg_sq + (1 - beta2) * g * g),
+    )
+    update = step_size * m / (sqrt(v) / bias2_sqrt + eps)
+    scalars = ("lr", "beta1", "beta2", "eps", "weight_decay", "step")
+    arrays = ("param", "grad", "exp_avg", "exp_avg_sq")
+    outputs = (("param", "p"), ("exp_avg", "m"), ("exp_avg_sq", "v"))
+    adam = Program("adam", scalars, arrays, prelude,
+                   (("g", grad + weight_decay * param), *moments, ("p", param - update)), outputs)
+    adamw = Program("adamw", scalars, arrays, (*prelude, ("decay", 1 - lr * weight_decay)),
+                    (("g", grad), *moments, ("p", param * decay - update)), outputs)
+    return adam, adamw
+
+
+#: PyTorch Adam and AdamW.
+ADAM, ADAMW = _programs()
 register(ADAM, ADAMW)
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from .. import reduce
+from ..arrays import apply_ufunc
 from ..backend import backend_of
 from ..math import minimum
-from ..scalar import GPUScalar, apply_ufunc
+from ..scalar import GPUScalar
 from .checks import check_array, describe, hyper
 
 __all__ = ["clip_grad_norm", "all_finite"]

@@ -1,6 +1,6 @@
 """CUDA source generation for the optimizer kernels: update kernels, step counter, address tables.
 
-Why this module exists: a `Program`'s strings become a CUDA kernel here, and only here, one per
+Why this module exists: a `Program`'s rules become a CUDA kernel here, and only here, one per
 (program, dtype, scalar kinds, skip kind, layout), cached. The kernel text is part of the
 contract (the NVRTC tests compile every variant; bench and the launch emulator run it), so the
 generator is kept free of anything a step decides at run time: it maps kinds to code.
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..lazy import codegen, expr
+from ..lazy import codegen, expr, rules
 from .program import COUNTER_READS, VALUE, Program, ScalarKind
 
 __all__ = [
@@ -111,9 +111,9 @@ def _scalar_declaration(name: str, kind: ScalarKind, ctype: str = "T") -> _Scala
         return _ScalarCode((f"const {POINTER_CTYPES[kind[1]]}* __restrict__ {name}_ptr",),
                            (f"const {ctype} {name} = ({ctype})(*{name}_ptr);",))
     if tag == "counter":
-        read = COUNTER_READS[kind[1]].format(f"(*{name}_ptr)")
+        read = rules.c_source(COUNTER_READS[kind[1]], {"counter": f"(*{name}_ptr)"})
         return _ScalarCode((f"const long long* __restrict__ {name}_ptr",),
-                           (f"const {ctype} {name} = ({ctype}){read};",))
+                           (f"const {ctype} {name} = ({ctype})({read});",))
     if tag == "pending":  # the expression's own code (gpuscalar.codegen), then the cast to T
         code = codegen.plan_code(expr.plan_for_key(kind[1]), f"{name}_")
         return _ScalarCode(
@@ -204,11 +204,12 @@ def _kernel_source(
         params += skip_code.params
         prelude = [*skip_code.statements, "if (skip) return;", *prelude]
         codes.insert(0, skip_code)
-    prelude += [f"const T {name} = {expression};" for name, expression in program.prelude]
+    # the rules print as infix C with no FMA barrier: the compiler may contract within a rule
+    prelude += [f"const T {name} = {rules.c_source(rule)};" for name, rule in program.prelude]
 
     def element(indent: str, load: Callable[[str], str]) -> list[str]:
         lines = [f"const T {name} = {load(name)};" for name in program.arrays]
-        lines += [f"const T {name} = {expression};" for name, expression in program.body]
+        lines += [f"const T {name} = {rules.c_source(rule)};" for name, rule in program.body]
         lines += [f"{array}_p[gs_i] = {temporary};" for array, temporary in program.outputs]
         return [indent + line for line in lines]
 

@@ -10,7 +10,8 @@ update (Chen et al., "Symbolic Discovery of Optimization Algorithms", 2023, Algo
 computed as the reference PyTorch implementation (lucidrains/lion-pytorch) and optax order it:
 ``p * (1 - lr * weight_decay) - lr * update``, the decay factor computed once per step, as
 AdamW's. The state is ``exp_avg`` (m), zeros before the first step. ``sign`` is NumPy's
-(NaN stays NaN, zero gives 0), in CUDA a helper only Lion's kernels carry.
+(NaN stays NaN, zero gives 0), in CUDA a helper only kernels that call it carry
+(`gpuscalar.lazy.rules.CUDA_HELPERS`).
 """
 
 from __future__ import annotations
@@ -18,28 +19,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..lazy.rules import sign, symbols
 from ..scalar import GPUScalar
 from .base import Hyperparameter, Optimizer, betas_setting, nonnegative
 from .checks import betas_pair, check_skip, hyper, step_arrays
 from .executors import run_program
-from .program import SIGN_HELPER, Program, register
+from .program import Program, register
 
 __all__ = ["LION", "lion_step", "Lion"]
 
+
+def _program() -> Program:
+    """Lion's update, decoupled weight decay."""
+    lr, beta1, beta2, weight_decay, decay = symbols("lr beta1 beta2 weight_decay decay")
+    param, grad, exp_avg, c = symbols("param grad exp_avg c")
+    return Program(
+        name="lion",
+        scalars=("lr", "beta1", "beta2", "weight_decay"),
+        arrays=("param", "grad", "exp_avg"),
+        prelude=(("decay", 1 - lr * weight_decay),),
+        body=(
+            ("c", beta1 * exp_avg + (1 - beta1) * grad),
+            ("p", param * decay - lr * sign(c)),
+            ("m", beta2 * exp_avg + (1 - beta2) * grad),
+        ),
+        outputs=(("param", "p"), ("exp_avg", "m")),
+    )
+
+
 #: Lion's update, decoupled weight decay.
-LION = Program(
-    name="lion",
-    scalars=("lr", "beta1", "beta2", "weight_decay"),
-    arrays=("param", "grad", "exp_avg"),
-    prelude=(("decay", "1 - lr * weight_decay"),),
-    body=(
-        ("c", "beta1 * exp_avg + (1 - beta1) * grad"),
-        ("p", "param * decay - lr * sign(c)"),
-        ("m", "beta2 * exp_avg + (1 - beta2) * grad"),
-    ),
-    outputs=(("param", "p"), ("exp_avg", "m")),
-    helpers=SIGN_HELPER,
-)
+LION = _program()
 register(LION)
 
 

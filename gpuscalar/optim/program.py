@@ -1,47 +1,34 @@
 """Update rules as data: `Program`, the scalar kinds a kernel receives, and the host evaluator.
 
-Why this module exists: each optimizer's update is written once, as a `Program` of per-element
-expression strings in the common subset of Python and C (``+ - * /``, comparisons, ``sqrt``,
-``pow``, ``select``, ``minimum``, ``sign``). Two evaluators read the same strings, so the CPU and
-GPU math cannot drift: this module's `evaluate_host` runs them with NumPy (inside one counted
-backend call, the CPU stand-in for one kernel), and `gpuscalar.optim.kernels` pastes them into
+Why this module exists: each optimizer's update is written once, as a `Program` whose
+per-element values are `gpuscalar.lazy.rules` expressions (lazy nodes built with Python
+operators: ``+ - * /``, comparisons, ``sqrt``, ``pow``, ``select``, ``minimum``, ``maximum``,
+``sign``). One host evaluator and one C printer read the same nodes, so the CPU and GPU math
+cannot drift: this module's `evaluate_host` applies them with NumPy ufuncs (inside one counted
+backend call, the CPU stand-in for one kernel), and `gpuscalar.optim.kernels` prints them into
 CUDA. An algorithm's file defines its Programs and `register`s them (the kernel tests walk
 `PROGRAMS`), so a new optimizer touches no shared list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..backend import Backend
-from ..lazy import expr
+from ..lazy import expr, rules
+from ..lazy.rules import Rule
 
-__all__ = ["Program", "PROGRAMS", "register", "NUMPY_HELPERS", "COUNTER_READS", "ScalarKind",
-           "VALUE", "CounterRead", "evaluate_host", "host_scalar", "SIGN_HELPER"]
+__all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "VALUE",
+           "CounterRead", "evaluate_host", "host_scalar", "apply_rules"]
 
-#: NumPy twins of the helper functions the expression strings may call (see the .cu header).
-NUMPY_HELPERS: dict[str, Any] = {
-    "sqrt": np.sqrt,
-    "pow": np.power,
-    "select": np.where,
-    "minimum": np.minimum,
-    "sign": np.sign,  # defined in CUDA by the Programs that use it (`SIGN_HELPER`)
-}
-#: CUDA twin of ``numpy.sign`` (NaN stays NaN, a zero of either sign gives +0), for a Program's
-#: ``helpers``: only the kernels that use it carry it, so every other kernel's text is unchanged.
-SIGN_HELPER = (
-    "template <typename T>\n"
-    "__device__ __forceinline__ T sign(T x) { return x > 0 ? T(1) : (x < 0 ? T(-1) : "
-    "(x == 0 ? T(0) : x)); }\n"
-)
-#: What a class kernel computes from the live step counter ``{0}`` (an int64 read on the device),
-#: in the common subset of Python and C: Adam's 1-based step, and SGD's "no history yet" flag.
-COUNTER_READS: dict[str, str] = {"step": "({0} + 1)", "fresh": "({0} == 0)"}
+_counter = rules.symbol("counter")
+#: What a class kernel computes from the live step counter ``counter`` (an int64 read on the
+#: device): Adam's 1-based step, and SGD's "no history yet" flag.
+COUNTER_READS: dict[str, Rule] = {"step": _counter + 1, "fresh": _counter == 0}
 
 
 @dataclass(frozen=True, eq=False)  # identity: a kernel-cache key hashed on every step
@@ -49,19 +36,41 @@ class Program:
     """One fused elementwise update, described once for NumPy and CUDA.
 
     ``scalars`` are hyperparameter names; ``prelude`` computes per-call values from them;
-    ``body`` computes per-element temporaries from the arrays' current elements (read by name)
-    and earlier temporaries; ``outputs`` maps each written array to the temporary stored in it.
-    Every array is read before any is written, so in-place updates are safe. ``helpers`` is
-    CUDA code the kernel needs beyond ``kernels/fused_elementwise.cu`` (e.g. `SIGN_HELPER`).
+    ``body`` computes per-element temporaries from the arrays' current elements and earlier
+    temporaries; each entry is ``(name, rule)``, the rule reading earlier names as
+    `gpuscalar.lazy.rules` symbols. ``outputs`` maps each written array to the temporary stored
+    in it. Every array is read before any is written, so in-place updates are safe. ``helpers``
+    (derived) is the CUDA code the rules call beyond ``kernels/fused_elementwise.cu``.
     """
 
     name: str
     scalars: tuple[str, ...]
     arrays: tuple[str, ...]
-    prelude: tuple[tuple[str, str], ...]
-    body: tuple[tuple[str, str], ...]
+    prelude: tuple[tuple[str, Rule], ...]
+    body: tuple[tuple[str, Rule], ...]
     outputs: tuple[tuple[str, str], ...]
-    helpers: str = ""
+    helpers: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        known = set(self.scalars)
+        for part, entries in (("prelude", self.prelude), ("body", self.body)):
+            if part == "body":
+                known.update(self.arrays)
+            for name, rule in entries:
+                if not isinstance(rule, Rule):
+                    raise TypeError(f"Program {self.name!r}: {part} entry {name!r} must be a "
+                                    f"gpuscalar.lazy.rules.Rule, got {type(rule).__name__}")
+                unknown = sorted(rules.symbols_read(rule) - known)
+                if unknown:
+                    raise ValueError(f"Program {self.name!r}: {part} entry {name!r} reads "
+                                     f"{', '.join(unknown)}, not defined before it")
+                known.add(name)
+        for array, temporary in self.outputs:
+            if array not in self.arrays or temporary not in dict(self.body):
+                raise ValueError(f"Program {self.name!r}: output ({array!r}, {temporary!r}) "
+                                 "must store a body temporary in one of the arrays")
+        helpers = rules.cuda_helpers(rule for _, rule in (*self.prelude, *self.body))
+        object.__setattr__(self, "helpers", helpers)
 
 
 #: Every registered Program, in registration order (the kernel tests compile each one).
@@ -111,19 +120,30 @@ def host_scalar(backend: Backend, kind: ScalarKind, leaves: tuple[Any, ...]) -> 
     if tag == "pointer":
         return backend.host_data(leaves[0])
     if tag == "counter":
-        code = _compiled(COUNTER_READS[kind[1]].format("counter"))
-        return eval(code, {"counter": backend.host_data(leaves[0])})  # noqa: S307 - ours
+        return rules.evaluate(COUNTER_READS[kind[1]], {"counter": backend.host_data(leaves[0])})
     if tag == "pending":
         return expr.evaluate_plan(expr.plan_for_key(kind[1]), leaves, backend.host_data)
     raise ValueError(f"unknown scalar kind {kind!r}")
 
 
-# ---- the two evaluators of a Program ------------------------------------------------------
+# ---- the host evaluator of a Program -------------------------------------------------------
 
 
-@cache
-def _compiled(expression: str) -> Any:
-    return compile(expression, f"<gpuscalar expression {expression!r}>", "eval")
+def apply_rules(program: Program, scalars: Mapping[str, Any],
+                tensors: Iterable[Mapping[str, np.ndarray]]) -> None:
+    """``program``'s rules with NumPy: the prelude once from ``scalars`` (values of the arrays'
+    dtype by name), then the body over each tensor's arrays, outputs written in place."""
+    with np.errstate(all="ignore"):  # IEEE results, no warnings: a kernel cannot warn either
+        env = dict(scalars)
+        for name, rule in program.prelude:
+            env[name] = rules.evaluate(rule, env)
+        for arrays in tensors:
+            local = dict(env)
+            local.update(arrays)
+            for name, rule in program.body:
+                local[name] = rules.evaluate(rule, local)
+            for array_name, temporary in program.outputs:
+                np.copyto(arrays[array_name], local[temporary], casting="same_kind")
 
 
 def evaluate_host(
@@ -144,18 +164,7 @@ def evaluate_host(
     if not tensors:
         return
     dtype = tensors[0][program.arrays[0]].dtype
-    with np.errstate(all="ignore"):  # IEEE results, no warnings: a kernel cannot warn either
-        env: dict[str, Any] = dict(NUMPY_HELPERS)
-        for name, routed in zip(program.scalars, scalars, strict=True):
-            env[name] = np.asarray(host_scalar(backend, *routed)).astype(dtype)
-        for name, expression in program.prelude:
-            env[name] = eval(_compiled(expression), env)  # noqa: S307 - library-owned strings
-        body = [(name, _compiled(expression)) for name, expression in program.body]
-        for arrays in tensors:
-            local = dict(env)
-            local.update(arrays)
-            for name, code in body:
-                local[name] = eval(code, local)  # noqa: S307
-            for array_name, temporary in program.outputs:
-                np.copyto(arrays[array_name], local[temporary], casting="same_kind")
-
+    with np.errstate(all="ignore"):
+        values = {name: np.asarray(host_scalar(backend, *routed)).astype(dtype)
+                  for name, routed in zip(program.scalars, scalars, strict=True)}
+    apply_rules(program, values, tensors)

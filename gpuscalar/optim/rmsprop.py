@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..lazy.rules import select, sqrt, symbols
 from ..scalar import GPUScalar
 from .base import Hyperparameter, Optimizer, momentum_setting, nonnegative, uses_momentum
 from .checks import check_skip, hyper, step_arrays
@@ -25,20 +26,23 @@ __all__ = ["RMSPROP_PROGRAMS", "rmsprop_step", "RMSprop"]
 
 def _program(centered: bool, momentum: bool) -> Program:
     """The RMSprop update for one (centered, momentum) variant."""
-    body = [("g", "grad + weight_decay * param"),
-            ("v", "alpha * square_avg + (1 - alpha) * g * g")]
+    lr, alpha, eps, weight_decay, mu = symbols("lr alpha eps weight_decay momentum")
+    param, grad, square_avg, momentum_buffer, grad_avg = symbols(
+        "param grad square_avg momentum_buffer grad_avg")
+    g, v, a, d, b = symbols("g v a d b")
+    body = [("g", grad + weight_decay * param),
+            ("v", alpha * square_avg + (1 - alpha) * g * g)]
     if centered:
-        body += [("a", "alpha * grad_avg + (1 - alpha) * g"), ("d", "sqrt(v - a * a) + eps")]
+        body += [("a", alpha * grad_avg + (1 - alpha) * g), ("d", sqrt(v - a * a) + eps)]
     else:
-        body.append(("d", "sqrt(v) + eps"))
+        body.append(("d", sqrt(v) + eps))
     outputs = [("param", "p"), ("square_avg", "v")]
     if momentum:
-        body += [("b", "select(momentum == 0, momentum_buffer, "
-                       "momentum * momentum_buffer + g / d)"),
-                 ("p", "param - lr * select(momentum == 0, g / d, b)")]
+        body += [("b", select(mu == 0, momentum_buffer, mu * momentum_buffer + g / d)),
+                 ("p", param - lr * select(mu == 0, g / d, b))]
         outputs.append(("momentum_buffer", "b"))
     else:
-        body.append(("p", "param - lr * (g / d)"))
+        body.append(("p", param - lr * (g / d)))
     if centered:
         outputs.append(("grad_avg", "a"))
     return Program(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..lazy.rules import select, symbols
 from ..scalar import GPUScalar
 from .base import Hyperparameter, Optimizer, momentum_setting, nonnegative, uses_momentum
 from .checks import check_array, check_like, check_skip, check_writeable, hyper
@@ -19,42 +20,34 @@ from .program import Program, register
 
 __all__ = ["SGD_PLAIN", "SGD_MOMENTUM", "SGD_NESTEROV", "sgd_step", "SGD"]
 
-#: PyTorch SGD without momentum.
-SGD_PLAIN = Program(
-    name="sgd",
-    scalars=("lr", "weight_decay"),
-    arrays=("param", "grad"),
-    prelude=(),
-    body=(("g", "grad + weight_decay * param"), ("p", "param - lr * g")),
-    outputs=(("param", "p"),),
-)
-# ``fresh`` is 1 while the momentum buffer holds no history: PyTorch then sets buf = grad. With
-# momentum 0 (a number set after construction, or a GPUScalar's value) PyTorch's step is plain
-# SGD and leaves the buffer alone: so does this one, decided on the device.
-_SGD_MOMENTUM_BODY = (
-    ("g", "grad + weight_decay * param"),
-    ("b", "select(momentum == 0, momentum_buffer, "
-          "select(fresh != 0, g, momentum * momentum_buffer + (1 - dampening) * g))"),
-)
-#: PyTorch SGD with momentum (heavy ball).
-SGD_MOMENTUM = Program(
-    name="sgd_momentum",
-    scalars=("lr", "momentum", "dampening", "weight_decay", "fresh"),
-    arrays=("param", "grad", "momentum_buffer"),
-    prelude=(),
-    body=(*_SGD_MOMENTUM_BODY, ("p", "param - lr * select(momentum == 0, g, b)")),
-    outputs=(("param", "p"), ("momentum_buffer", "b")),
-)
-#: PyTorch SGD with Nesterov momentum.
-SGD_NESTEROV = Program(
-    name="sgd_nesterov",
-    scalars=SGD_MOMENTUM.scalars,
-    arrays=SGD_MOMENTUM.arrays,
-    prelude=(),
-    body=(*_SGD_MOMENTUM_BODY,
-          ("p", "param - lr * select(momentum == 0, g, g + momentum * b)")),
-    outputs=SGD_MOMENTUM.outputs,
-)
+
+def _programs() -> tuple[Program, Program, Program]:
+    """PyTorch SGD without momentum, with momentum (heavy ball), and with Nesterov momentum."""
+    lr, momentum, dampening, weight_decay, fresh = symbols(
+        "lr momentum dampening weight_decay fresh")
+    param, grad, momentum_buffer, g, b = symbols("param grad momentum_buffer g b")
+    decayed = ("g", grad + weight_decay * param)
+    plain = Program("sgd", ("lr", "weight_decay"), ("param", "grad"), (),
+                    (decayed, ("p", param - lr * g)), (("param", "p"),))
+    # ``fresh`` is 1 while the momentum buffer holds no history: PyTorch then sets buf = grad.
+    # With momentum 0 (a number set after construction, or a GPUScalar's value) PyTorch's step
+    # is plain SGD and leaves the buffer alone: so does this one, decided on the device.
+    buffer = ("b", select(momentum == 0, momentum_buffer,
+                          select(fresh != 0, g, momentum * momentum_buffer + (1 - dampening) * g)))
+    scalars = ("lr", "momentum", "dampening", "weight_decay", "fresh")
+    arrays = ("param", "grad", "momentum_buffer")
+    outputs = (("param", "p"), ("momentum_buffer", "b"))
+    heavy_ball = Program("sgd_momentum", scalars, arrays, (),
+                         (decayed, buffer, ("p", param - lr * select(momentum == 0, g, b))),
+                         outputs)
+    nesterov = Program("sgd_nesterov", scalars, arrays, (),
+                       (decayed, buffer,
+                        ("p", param - lr * select(momentum == 0, g, g + momentum * b))), outputs)
+    return plain, heavy_ball, nesterov
+
+
+#: PyTorch SGD without momentum, with momentum (heavy ball), and with Nesterov momentum.
+SGD_PLAIN, SGD_MOMENTUM, SGD_NESTEROV = _programs()
 register(SGD_PLAIN, SGD_MOMENTUM, SGD_NESTEROV)
 
 
