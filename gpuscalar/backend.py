@@ -260,7 +260,7 @@ class CudaSeam:
         if graph:
             runtime.graphDestroy(graph)
 
-    # ---- conditional graph nodes (gpuscalar.cuda.control) ----------------------------------
+    # ---- conditional graph nodes (gpuscalar.cuda.conditional, for gs.while_loop / gs.cond) ------
 
     def conditional_nodes_unavailable(self) -> str | None:
         """Why `gs.while_loop`/`gs.cond` cannot record CUDA conditional nodes here (None: they
@@ -276,28 +276,28 @@ class CudaSeam:
 
     def conditional_handle(self, stream: Any) -> int:
         """A new conditional handle in the graph that ``stream`` (capturing) records."""
-        from .cuda import control  # noqa: PLC0415 - cuda-bindings: only for conditional nodes
+        from .cuda import conditional  # noqa: PLC0415 - cuda-bindings: only for these nodes
 
-        return control.conditional_handle(stream.ptr)
+        return conditional.conditional_handle(stream.ptr)
 
     def add_conditional_node(self, stream: Any, handle: int, kind: str) -> Any:
         """Append a ``kind`` ("while" or "if") conditional node for ``handle`` to what
         ``stream`` records; returns the node's (empty) body graph."""
-        from .cuda import control  # noqa: PLC0415 - as above
+        from .cuda import conditional  # noqa: PLC0415 - as above
 
-        return control.add_conditional_node(stream.ptr, handle, kind)
+        return conditional.add_conditional_node(stream.ptr, handle, kind)
 
     def begin_capture_into(self, stream: Any, graph: Any) -> None:
         """Start recording ``stream``'s work into ``graph`` (a conditional node's body)."""
-        from .cuda import control  # noqa: PLC0415 - as above
+        from .cuda import conditional  # noqa: PLC0415 - as above
 
-        control.begin_capture_into(stream.ptr, graph)
+        conditional.begin_capture_into(stream.ptr, graph)
 
     def end_capture_into(self, stream: Any) -> None:
         """End the recording `begin_capture_into` started."""
-        from .cuda import control  # noqa: PLC0415 - as above
+        from .cuda import conditional  # noqa: PLC0415 - as above
 
-        control.end_capture_into(stream.ptr)
+        conditional.end_capture_into(stream.ptr)
 
     # Streams themselves (``begin_capture``, ``end_capture``, ``record``, ``wait_event``,
     # ``synchronize``, ``is_capturing``) and graphs (``upload``, ``launch``) are CuPy objects the

@@ -19,6 +19,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import sync
+from gpuscalar.cuda import conditional as cuda_conditional
 from gpuscalar.cuda import control as cuda_control
 
 from . import nvrtc
@@ -237,19 +238,19 @@ def test_the_runtime_calls_reach_the_driver_with_the_bindings_signatures(monkeyp
     from cuda.bindings import runtime
 
     calls = {
-        "cudaStreamGetCaptureInfo": lambda: cuda_control.conditional_handle(0x10),
-        "cudaStreamBeginCaptureToGraph": lambda: cuda_control.begin_capture_into(
+        "cudaStreamGetCaptureInfo": lambda: cuda_conditional.conditional_handle(0x10),
+        "cudaStreamBeginCaptureToGraph": lambda: cuda_conditional.begin_capture_into(
             0x10, runtime.cudaGraph_t()),
-        "cudaStreamEndCapture": lambda: cuda_control.end_capture_into(0x10),
+        "cudaStreamEndCapture": lambda: cuda_conditional.end_capture_into(0x10),
     }
     for name, call in calls.items():
         with pytest.raises(RuntimeError, match=f"{name} failed: <cudaError_t"):
             call()
     # past the capture query (which fails first without a driver): the node itself
-    monkeypatch.setattr(cuda_control, "_capture_graph", lambda ptr: (runtime.cudaGraph_t(), []))
+    monkeypatch.setattr(cuda_conditional, "_capture_graph", lambda ptr: (runtime.cudaGraph_t(), []))
     for kind in ("while", "if"):
         with pytest.raises(RuntimeError, match="cudaGraphAddNode failed: <cudaError_t"):
-            cuda_control.add_conditional_node(0x10, 7, kind)
+            cuda_conditional.add_conditional_node(0x10, 7, kind)
 
 
 def test_a_loop_graph_is_released_once_the_device_is_done_without_waiting(dev, monkeypatch):

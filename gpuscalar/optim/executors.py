@@ -21,7 +21,7 @@ live step counter through a pointer with the arithmetic inlined.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,9 +42,33 @@ from .kernels import (
 )
 from .program import VALUE, CounterRead, Program, ScalarKind, evaluate_host, host_scalar
 
-if TYPE_CHECKING:  # type-only: multi_tensor and base import this module
-    from .base import Optimizer
-    from .multi_tensor import Group
+
+class Group(Protocol):
+    """What an executor reads and sets on a dtype group (`multi_tensor.Group`, which holds its
+    executor: a protocol here, so this module imports neither it nor the optimizer base)."""
+
+    dtype: np.dtype
+    indices: list[int]
+    shapes: list[tuple[int, ...]]
+    written: tuple[str, ...]
+    state_views: dict[str, list[Any]]
+    n_blocks: int
+    tensors: list[dict[str, Any]]  # set by the host executor
+    prefix: tuple[Any, ...]  # set by the CUDA executor: the kernel's leading arguments
+    _tables: Any
+    _blocks: Any
+
+
+class Optimizer(Protocol):
+    """What `Executor.write_grads` reads of an optimizer (`base.Optimizer`): its gradient
+    tables' layout."""
+
+    @property
+    def _order(self) -> Sequence[int]: ...
+    @property
+    def _address_chunks(self) -> Sequence[tuple[int, int, Any]]: ...
+    @property
+    def _where(self) -> Mapping[int, tuple[Group, int]]: ...
 
 __all__ = ["Executor", "HostExecutor", "CudaExecutor", "executor_for", "route", "run_program"]
 
