@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger, promote
-from .backend import NUMPY, Backend, backend_of
+from .backend import Backend, backend_of
 from .lazy import expr, fusion
 from .lazy.expr import KEEP_NODES, SIZE, Node
 from .operators import _lazy_ufunc
@@ -64,8 +64,8 @@ def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
         if scalar_backend.multi_device:
             _check_devices(scalar_backend, operands)
         return scalar_backend, array_backend is not None
-    if array_backend is NUMPY:
-        return NUMPY, True  # rule 4: a device scalar meets a host array
+    if array_backend.host_memory:
+        return array_backend, True  # rule 4: a device scalar meets a host array
     _raise_incompatible(operands)
     raise AssertionError("unreachable")
 

@@ -60,6 +60,10 @@ class Backend:
     #: gpuscalar's host evaluators (optimizer programs, fused scalar expressions) can compute
     #: on `host_data` inside one counted device op
     evaluates_on_host: bool = False
+    #: whether arrays of this backend ARE host memory (NumPy): such data may meet any backend
+    #: (read on the host, or uploaded by a fill kernel), and making one costs no device op
+    #: beyond the host call; the strict device stands for a GPU, so it is not
+    host_memory: bool = False
 
     @property
     def xp(self) -> ModuleType:
@@ -138,6 +142,7 @@ class NumpyBackend(Backend):
         return np
 
     evaluates_on_host = True
+    host_memory = True
 
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, cast, overload
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .backend import NUMPY, Backend, backend_of
+from .backend import Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap
 
 __all__ = [
@@ -69,7 +69,7 @@ def _result(backend: Backend, value: Any) -> Any:
     if getattr(value, "ndim", 0) == 0:
         if not hasattr(value, "ndim"):  # a Python number (NumPy's count_nonzero gives an int)
             value = np.asarray(value)
-            if backend is not NUMPY:  # a fill kernel taking the value: never an upload
+            if not backend.host_memory:  # a fill kernel taking the value: never an upload
                 value = backend.call(backend.xp.full, (), value[()], dtype=value.dtype)
         return _wrap(backend, value)
     return value

@@ -697,7 +697,7 @@ def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
             )
         if value.ndim != 0:
             raise ValueError(f"asscalar() takes a 0-d array, got shape {value.shape}")
-        if source_backend is NUMPY:
+        if source_backend.host_memory:
             source_backend = None  # host data: may be uploaded to any backend
         host_value, natural = value, value.dtype
     target_dtype = natural if dtype is None else np.dtype(dtype)
@@ -737,7 +737,7 @@ def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -
     scalar as a kernel argument): no host-to-device copy, which a CUDA graph being captured
     refuses (`sync.graph_body`), and no pageable staging copy either.
     """
-    if backend is NUMPY:
+    if backend.host_memory:
         return backend.call(np.asarray, value, dtype=dtype)
     args: tuple[Any, ...]
     if backend.owns(value):  # a device array: converted (or moved) on the device

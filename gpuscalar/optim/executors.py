@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..backend import NUMPY, Backend
+from ..backend import Backend
 from ..lazy import codegen, expr
 from ..scalar import GPUScalar, _array_of, _node_of
 from .kernels import (
@@ -311,7 +311,7 @@ def executor_for(backend: Backend) -> Executor:
     found = backend.__dict__.get("_optim_executor")
     if found is None:
         if backend.evaluates_on_host:
-            found = HostExecutor(backend, plain_numpy=backend is NUMPY)
+            found = HostExecutor(backend, plain_numpy=backend.host_memory)
         else:
             found = CudaExecutor(backend)
         backend.__dict__["_optim_executor"] = found
