@@ -11,7 +11,7 @@ from .backend import Backend, default_backend, get_backend, gpu_available
 from .control import cond, while_loop
 from .cuda.graphs import CapturedStep, capture
 from .cuda.linalg import matmul
-from .lazy.expr import lazy
+from .lazy.expr import cache_size, lazy, set_cache_size
 from .math import (
     abs,
     arctan2,
@@ -114,6 +114,8 @@ __all__ = [
     "isinf",
     "isnan",
     "lazy",
+    "set_cache_size",
+    "cache_size",
     "log",
     "log10",
     "log1p",

@@ -123,7 +123,8 @@ def test_bench_quick_json(tmp_path, capsys):
         assert entry["gpuscalar"]["syncs"] < entry["float"]["syncs"]
         assert entry["float"]["median_s"] > 0 and entry["gpuscalar"]["median_s"] > 0
         assert max(entry["max_difference"].values()) < 1e-9
-        assert f"{entry['float']['syncs']} -> {entry['gpuscalar']['syncs']}" in printed
+        assert (f"{entry['float']['syncs']} -> {entry['gpuscalar']['syncs']} -> "
+                f"{entry['capture']['syncs']}") in printed
 
 
 def test_bench_runs_a_selected_workload_on_the_default_backend(capsys, monkeypatch):

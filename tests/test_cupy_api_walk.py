@@ -36,6 +36,8 @@ _SOURCE = "CUDA C source text or a constant of the generated kernels (compiled b
 #: public names that do not touch the device, with the reason
 NOT_DEVICE: dict[str, str] = {
     "gs.__version__": "a string",
+    "gs.set_cache_size": "sets a bound on Python-side caches (tested in tests/test_expr.py)",
+    "gs.cache_size": "reads that bound",
     "gs.Backend": _TYPE,
     "gs.Rule": _TYPE + " (a promotion rule of gpuscalar.promote)",
     "gs.SyncCounter": _TYPE,

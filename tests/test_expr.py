@@ -472,3 +472,17 @@ def test_a_cache_hit_counts_as_a_use_and_a_miss_gives_the_default():
         assert "a" in cache and "b" not in cache and "c" in cache
     finally:
         expr.set_cache_size(previous)
+
+
+def test_the_cache_bound_is_public_and_refuses_bad_input():
+    """`gs.set_cache_size(n)` sets the bound of every Python-side cache (plans, kernels,
+    dispatch plans, loop pins) and returns the old one; `gs.cache_size()` reads it."""
+    previous = gs.set_cache_size(7)
+    try:
+        assert gs.cache_size() == 7 and expr.cache_size() == 7
+        for bad, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+            with pytest.raises(error, match="cache"):
+                gs.set_cache_size(bad)
+        assert gs.cache_size() == 7  # a refused bound changes nothing
+    finally:
+        assert gs.set_cache_size(previous) == 7

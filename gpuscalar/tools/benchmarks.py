@@ -218,7 +218,7 @@ def format_table(results: Sequence[WorkloadResult]) -> str:
     for r in results:
         rows.append((
             r.name,
-            f"{r.float.syncs} -> {r.gpuscalar.syncs}",
+            f"{r.float.syncs} -> {r.gpuscalar.syncs} -> {r.capture.syncs}",
             f"{r.float.device_ops} -> {r.gpuscalar.device_ops} -> {r.capture.device_ops}",
             _format_time(r.float.median_s),
             _format_time(r.gpuscalar.median_s),
