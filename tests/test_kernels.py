@@ -177,8 +177,8 @@ def test_address_table_kernel_compiles(nvrtc):
 
 
 @pytest.mark.parametrize("multi_tensor", [False, True], ids=["single", "multi"])
-def test_generated_kernel_uses_the_program_expressions(multi_tensor):
-    """The CUDA body is the Program's own expression strings (no second copy of the math)."""
+def test_generated_kernel_prints_the_program_rules(multi_tensor):
+    """The CUDA body is the Program's own rules, printed as C (no second copy of the math)."""
     source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6, False,
                                     multi_tensor=multi_tensor)
     for name, expression in optim.ADAM.prelude + optim.ADAM.body:

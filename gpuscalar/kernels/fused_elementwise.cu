@@ -1,11 +1,12 @@
 // gpuscalar fused elementwise kernels: shared device helpers.
 //
 // Why this file exists: gpuscalar.optim describes each optimizer update once, as per-element
-// expression strings (see gpuscalar/optim.py, `Program`). The same strings are evaluated with
-// NumPy on the CPU and pasted, below this header, into one CUDA kernel per (program, dtype,
-// scalar kinds, layout: one tensor, or many through address tables), so the CPU and GPU math
-// cannot drift. The step-counter kernel includes this header too. The expressions may only use
-// + - * / ( ), comparisons, and the helpers defined here, which have NumPy twins in optim.py:
+// rules built from lazy expression nodes (gpuscalar/optim/program.py, gpuscalar/lazy/rules.py).
+// The same rules are evaluated with NumPy on the CPU and printed as C, below this header, into
+// one CUDA kernel per (program, dtype, scalar kinds, layout: one tensor, or many through address
+// tables), so the CPU and GPU math cannot drift. The step-counter kernel includes this header
+// too. The rules may only use + - * / ( ), comparisons, and the helpers defined here, which have
+// NumPy twins in gpuscalar/lazy/rules.py:
 //   sqrt(x)           numpy.sqrt     (CUDA's float/double overloads)
 //   pow(a, b)         numpy.power    (CUDA's float/double overloads)
 //   select(c, a, b)   numpy.where

@@ -323,15 +323,7 @@ class Optimizer:
         parameters of the same shapes and dtypes). The arrays are copied into the optimizer's
         own buffers. Everything is validated first: a bad entry raises an error naming its key
         and leaves the optimizer as it was."""
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
-        expected = ("step", "state", "hyperparams")
-        for key in expected:
-            if key not in state_dict:
-                raise KeyError(f"state_dict is missing {key!r} (expected keys {list(expected)})")
-        unknown = sorted(set(state_dict) - set(expected), key=str)
-        if unknown:
-            raise ValueError(f"state_dict has unknown keys {unknown} (expected {list(expected)})")
+        _check_keys(state_dict, ("step", "state", "hyperparams"), "state_dict")
         backend = self._backend
         copies = [(self._count, state_dict["step"], "state_dict['step']",
                    "the step counter (0-d int64)")]
@@ -344,14 +336,7 @@ class Optimizer:
         names = self._program.arrays[2:]
         for i, entry in enumerate(state):
             where = f"state_dict['state'][{i}]"
-            if not isinstance(entry, Mapping):
-                raise TypeError(f"{where} must be a mapping, got {type(entry).__name__}")
-            for name in names:
-                if name not in entry:
-                    raise KeyError(f"{where} is missing {name!r} (expected {list(names)})")
-            extra = sorted(set(entry) - set(names), key=str)
-            if extra:
-                raise ValueError(f"{where} has unknown keys {extra} (expected {list(names)})")
+            _check_keys(entry, names, where)
             copies += [(self._state_view(i, name), entry[name], f"{where}[{name!r}]",
                         f"the optimizer's {name} of params[{i}]") for name in names]
         for target, source, what, ref_what in copies:
@@ -392,3 +377,15 @@ class Optimizer:
         for attribute, value in checked.items():
             setattr(self, attribute, value)
 
+
+def _check_keys(mapping: Any, expected: Sequence[str], where: str) -> None:
+    """``mapping`` is a mapping with exactly the keys ``expected``; else a clear error naming
+    ``where``: TypeError (not a mapping), KeyError (a key missing), ValueError (unknown keys)."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{where} must be a mapping, got {type(mapping).__name__}")
+    for key in expected:
+        if key not in mapping:
+            raise KeyError(f"{where} is missing {key!r} (expected {list(expected)})")
+    unknown = sorted(set(mapping) - set(expected), key=str)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown} (expected {list(expected)})")
