@@ -72,7 +72,7 @@ from .sync import (
     total_syncs,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Backend",
