@@ -128,10 +128,8 @@ def pytest_terminal_summary(
     write = terminalreporter.write_line
     terminalreporter.section("gpuscalar sync report")
     counter = session.counter
-    write(
-        f"{counter.count} syncs, {counter.device_ops} device ops "
-        f"in the bodies of {len(session.per_test)} tests"
-    )
+    write(f"{_counted(counter.count, 'sync')}, {_counted(counter.device_ops, 'device op')} "
+          f"in the bodies of {_counted(len(session.per_test), 'test')}")
     busiest = sorted(
         ((n, nodeid) for nodeid, n in session.per_test.items() if n), key=lambda t: (-t[0], t[1])
     )
@@ -140,3 +138,8 @@ def pytest_terminal_summary(
         for n, nodeid in busiest[:REPORT_TESTS]:
             write(f"  {n:>5}  {nodeid}")
         write(counter.report(limit=REPORT_SITES))
+
+
+def _counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (``1 test``, ``3 tests``)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

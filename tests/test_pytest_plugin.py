@@ -197,3 +197,10 @@ def test_budget():
     disabled = pytester.runpytest_subprocess("-p", "no:gpuscalar", "-p", "no:cacheprovider")
     disabled.assert_outcomes(passed=1, failed=1)  # max_syncs unchecked; test_loaded fails
     disabled.stdout.fnmatch_lines(["FAILED test_inner.py::test_loaded*"])
+
+
+def test_session_report_says_test_for_one_test(pytester):
+    _write(pytester, "def test_only():\n    float(gs.sum(np.ones(3)))\n")
+    result = pytester.runpytest("--gpuscalar-report")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["1 sync, 1 device op in the bodies of 1 test"])
