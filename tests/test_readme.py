@@ -131,7 +131,7 @@ def test_the_readme_first_half_runs_in_order_as_a_newcomer_would(tmp_path, monke
     first, _ = readme_halves()
     namespace = run_in_order(first, tmp_path, monkeypatch)
     assert namespace["counter"].count == 2  # the last block: the two formatted reads
-    assert "test_step" in namespace and "test_counted" in namespace  # the plugin's test file
+    assert "test_step" in namespace  # the plugin's test file
 
 
 def test_the_readme_second_half_runs_in_order(tmp_path, monkeypatch):
