@@ -18,6 +18,7 @@ fake memory while `fake_memory` is active.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import os
@@ -59,6 +60,8 @@ class FakeMemory:
     def __init__(self) -> None:
         refuse_on_a_gpu()
         self._buffers: dict[int, np.ndarray] = {}
+        self._sizes: dict[int, int] = {}  # address -> the bytes asked for (padding excluded)
+        self._starts: list[int] = []  # the addresses, sorted (to find a raw address's owner)
         self._lock = threading.Lock()
 
     def allocate(self, nbytes: int) -> Any:
@@ -69,6 +72,8 @@ class FakeMemory:
         address += (-address) % 256  # CuPy's pool aligns to 256 bytes; so do we
         with self._lock:
             self._buffers[address] = buffer
+            self._sizes[address] = int(nbytes)
+            bisect.insort(self._starts, address)
         memory = cupy.cuda.UnownedMemory(address, int(nbytes), buffer, 0)
         return cupy.cuda.MemoryPointer(memory, 0)
 
@@ -77,6 +82,22 @@ class FakeMemory:
         with self._lock:
             return any(start <= address < start + buffer.nbytes
                        for start, buffer in self._buffers.items())
+
+    def region(self, address: int, nbytes: int) -> np.ndarray | None:
+        """The ``nbytes`` at raw ``address`` as a writable ``uint8`` view, when one allocation
+        holds them all (its requested size, not its padding), else None. Why: a kernel reads
+        memory through addresses held in tables (gpuscalar.optim's multi-tensor kernels), and a
+        test double standing for the device must resolve and bound-check each such read."""
+        with self._lock:
+            at = bisect.bisect_right(self._starts, address)
+            if at == 0:
+                return None
+            start = self._starts[at - 1]
+            if address + nbytes > start + self._sizes[start]:
+                return None
+            buffer = self._buffers[start]
+        offset = address - buffer.ctypes.data
+        return buffer[offset:offset + nbytes]
 
 
 def empty(memory: FakeMemory, shape: Any, dtype: Any = np.float64) -> Any:

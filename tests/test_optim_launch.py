@@ -3,20 +3,22 @@
 Why this file exists: CI has no GPU, so the code that only CuPy runs -- address tables, block
 tables, the kernel that writes gradient addresses from its arguments, kernel arguments, the
 step-counter kernel, and what a CUDA graph replay does to them -- would otherwise first execute
-on a real device. Here a backend that is not host-evaluating (as CuPy), and so gets the
-optimizers' CUDA executor (`gpuscalar.optim.executors.CudaExecutor`), receives every
-`launch_kernel` call, checks each argument against the C type of the generated kernel's
-parameter (a CuPy RawKernel passes a NumPy scalar by its dtype: a float64 for a ``const float``
-would be garbage on a GPU; a struct parameter takes a size-one NumPy array of the struct's
-dtype), reads the tables' addresses back to the arrays they point into, and runs the generated
-code's scalar lines and the Program's rules (the library's host evaluator) with NumPy, block by
-block. It records graphs as CuPy does (launches kept with copies of their by-value arguments,
-uploads refused) and replays them without running the step's Python.
+on a real device. Here CuPy itself is the backend, on real ``cupy.ndarray``s over fake memory
+(tests/cupy_fake.py), so the optimizers get their real CUDA executor
+(`gpuscalar.optim.executors.CudaExecutor`); the double stands for ONE seam, gpuscalar's
+`CudaSeam` (installed with `CUPY.seam_replaced`), not for a device backend. It receives every
+launch (recorded and checked against CuPy by `tests.cupy_seam.RecordingSeam`), checks each
+argument against the C type of the generated kernel's parameter (a CuPy RawKernel passes a
+NumPy scalar by its dtype: a float64 for a ``const float`` would be garbage on a GPU; a struct
+parameter takes a size-one NumPy array of the struct's dtype), reads the tables' addresses back
+to the allocations they point into, and runs the generated code's scalar lines and the
+Program's rules (the library's host evaluator) with NumPy, block by block. It records graphs
+as CuPy does (launches kept with copies of their by-value arguments, uploads refused) and
+replays them without running the step's Python.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import ctypes
 import pathlib
@@ -24,24 +26,27 @@ import re
 import shutil
 import subprocess
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import backend as backend_module
 from gpuscalar import optim, sync
-from gpuscalar.lazy import codegen
+from gpuscalar.backend import CUPY
+from gpuscalar.cuda import control as cuda_control
+from gpuscalar.lazy import codegen, fusion
 from gpuscalar.optim import executors
 from gpuscalar.optim.program import apply_rules
 
-from .cupy_seam import parse_kernel
+from .cupy_fake import cupy_or_fail, host_view
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
 
+cupy = pytest.importorskip("cupy")  # real cupy.ndarrays over fake memory (CI installs CuPy)
 
-class EmuArray(np.ndarray):
-    """An array of the emulated device."""
+from .cupy_device import DeviceSeam, fake_device, to_device  # noqa: E402 - after CuPy
+from .cupy_seam import FakeGraph, Launch, parse_kernel  # noqa: E402 - after CuPy
 
 
 class NativeKernels:
@@ -95,147 +100,133 @@ class NativeKernels:
         assert ctypes.sizeof(struct) == dtype.itemsize
         return struct.from_buffer_copy(arg.tobytes())
 
-    def launch(self, source: str, args: list[tuple], grid: int, block: int,
-               device: EmulatedCuda) -> None:
+    def launch(self, source: str, args: list[tuple], grid: int, block: int) -> None:
         function = getattr(self.lib, f"gs_launch_{self.index[source]}")
         values = [ctypes.c_longlong(grid), ctypes.c_longlong(block)]
         for arg, dtype, pointer in args:
-            values.append(ctypes.c_void_p(device.data_address(arg)) if pointer
+            values.append(ctypes.c_void_p(CUPY.data_address(arg)) if pointer
                           else self._by_value(arg, dtype))
         function.restype = None
         function(*values)
 
 
-class _Namespace(types.SimpleNamespace):
-    """Allocation functions of the emulated device; NumPy's ufuncs for everything else."""
+class Inputs:
+    """What the tests make their inputs with: fake-device arrays holding host data, made
+    outside the device's accounting (neither a launch, a recorded graph node, nor an upload:
+    they stand for data already on the device)."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(np, name)
+    @staticmethod
+    def asarray(a: Any, dtype: Any = None) -> Any:
+        return to_device(host_view(a) if isinstance(a, cupy.ndarray) else a, dtype)
+
+    @staticmethod
+    def zeros(shape: Any, dtype: Any = float) -> Any:
+        return to_device(np.zeros(shape, dtype))
+
+    @staticmethod
+    def full(shape: Any, value: Any, dtype: Any = None) -> Any:
+        return to_device(np.full(shape, value, dtype))
+
+    @staticmethod
+    def copy(a: Any) -> Any:
+        return to_device(host_view(a))
 
 
-class EmulatedCuda(backend_module.Backend):
-    """A device backend (kernels, not host evaluation) whose kernels run as NumPy emulations.
+class EmulatedCuda(DeviceSeam):
+    """gpuscalar's CUDA seam (`CUPY.seam`) whose kernels run as NumPy emulations, over real
+    ``cupy.ndarray``s in fake memory (tests/cupy_device.py's device, so user-level CuPy code
+    such as bench/gpu_adam.py runs too). CuPy is the backend: the optimizers get their real
+    CUDA executor, and every launch reaches this double through the one seam, where
+    `tests.cupy_seam.RecordingSeam` records it and checks it against CuPy.
 
-    It also emulates CUDA graph capture as CuPy does it (`record` / `replay`): while recording,
-    launches are recorded, not run, with their by-value arguments copied (the graph keeps the
-    values; pointers keep pointing at the same memory), and an upload is refused; a replay
-    runs the recorded launches without running any Python of the step."""
+    It also emulates CUDA graph capture as CuPy does it (`record` / `replay`, on the seam's
+    fake streams): while recording, launches are recorded, not run (``records_only``), with
+    their by-value arguments copied (the graph keeps the values; pointers keep pointing at the
+    same memory), and an upload is refused; a replay runs the recorded launches without
+    running any Python of the step."""
 
-    name = "emulated-cuda"
+    records_only = True
 
-    def __init__(self, native: NativeKernels | None = None) -> None:
-        self.buffers: list[EmuArray] = []  # every allocation, to resolve kernel addresses
-        self.launches: list[str] = []
+    def __init__(self, memory: Any, native: NativeKernels | None = None) -> None:
+        super().__init__(memory)
         self.sources: dict[str, str] = {}  # every source launched -> its kernel name
         self.native = native
-        self._by_address: list[tuple[int, int]] = []  # (address, index in buffers), sorted
-        self.recording: list[tuple] | None = None  # launches of a graph being recorded
         self.max_chunk = optim.MULTI_TENSOR_CHUNK  # the longest block a multi-tensor launch has
-        self._xp = _Namespace(
-            zeros=lambda *a, **k: self._new(np.zeros(*a, **k)),
-            full=lambda shape, value, dtype=None: self._new(np.full(shape, value, dtype=dtype)),
-            asarray=lambda a, dtype=None: self._new(np.array(a, dtype=dtype, copy=True)),
-            copy=lambda a: self._new(np.array(a, copy=True)),
-            copyto=np.copyto,
-        )
+        self.xp = Inputs()
 
-    @property
-    def xp(self) -> Any:
-        return self._xp
+    def names(self) -> list[str]:
+        """The names of the launches recorded since the last `clear`."""
+        return [launch.name for launch in self.launches]
 
-    def _new(self, data: np.ndarray) -> EmuArray:
-        array = data.view(EmuArray)
-        self.buffers.append(array)
-        bisect.insort(self._by_address, (self.data_address(array), len(self.buffers) - 1))
-        return array
+    def launch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if isinstance(func, cupy.RawKernel) and not getattr(self._checking, "on", False):
+            grid, block, kernel_args = args
+            # checked here, before RecordingSeam's own check, so the message names the C type;
+            # a replay passes these same (copied) arguments again
+            self._check_arguments(func.code, func.name, kernel_args)
+            # CuPy copies by-value arguments when it launches (a graph node keeps them)
+            args = (grid, block, tuple(a.copy() if type(a) is np.ndarray else a
+                                       for a in kernel_args))
+        return super().launch(func, args, kwargs)
 
-    def owns(self, value: object) -> bool:
-        return type(value) is EmuArray
-
-    def device_of(self, array: Any) -> object:
-        return 0
-
-    def device_context(self, device: object) -> Any:
-        return contextlib.nullcontext()
-
-    def read_scalar(self, array: Any) -> Any:
-        return np.asarray(array).item()
-
-    def data_address(self, array: Any) -> int:
-        return int(array.__array_interface__["data"][0])
-
-    def upload(self, array: Any, host: np.ndarray) -> None:
-        if self.recording is not None:  # as cupy.cuda.memory.MemoryPointer.copy_from_host_async
-            raise RuntimeError("the current stream is capturing, so H2D transfers are "
-                               "disallowed")
-        assert type(host) is np.ndarray and host.dtype == array.dtype
-        assert array.flags.c_contiguous
-        self.call(np.copyto, array, host)
-
-    def launch_kernel(self, source: str, name: str, size: int, args: Any, *,
-                      grid: int | None = None, block: int = 256) -> None:
-        self.launches.append(name)
-        self.sources[source] = name
-        if grid is None:  # as CupyBackend.launch_kernel: a grid-stride loop over ``size``
-            grid = max(1, min((size + block - 1) // block, 65535))
-        if self.recording is not None:
-            # the graph node keeps copies of the by-value arguments, taken now
-            kept = [arg.copy() if type(arg) is np.ndarray else arg for arg in args]
-            self.recording.append((source, name, kept, grid, block))
-            sync.note_device_op()
-            return
-        self.call(self._run, source, name, list(args), grid, block)
+    def _answer(self, launch: Launch) -> Any:
+        if launch.kind != "raw" or launch.name == cuda_control.CONDITION_KERNEL:
+            return super()._answer(launch)
+        (grid,), (block,), kernel_args = launch.args
+        self.sources[launch.source] = launch.name
+        self._run(launch.source, launch.name, list(kernel_args), grid, block)
+        return None
 
     @contextlib.contextmanager
     def record(self) -> Any:
-        """Record the block's launches as a graph (as gs.capture does on CuPy: a graph body);
-        yields the list of recorded launches."""
-        self.recording = []
-        try:
-            with sync.graph_body():
-                yield self.recording
-        finally:
-            self.recording = None
+        """Record the block's launches as a graph (as gs.capture does on CuPy: a graph body,
+        on a capturing stream); yields the list of recorded launches."""
+        stream = self.new_stream()
+        with stream:
+            stream.begin_capture()
+            try:
+                with sync.graph_body():
+                    yield stream.captured
+            finally:
+                stream.end_capture()
 
-    def replay(self, graph: list[tuple]) -> None:
+    def replay(self, graph: list[Launch]) -> None:
         """Run a recorded graph: the launches alone, no Python of the step (one op)."""
         sync.note_graph_replay()
         with sync.one_device_op():
-            for source, name, args, grid, block in graph:
-                self._run(source, name, list(args), grid, block)
+            FakeGraph(self, graph).launch()
 
     # ---- the emulation ------------------------------------------------------------------
     def _memory(self, address: int, dtype: np.dtype, count: int) -> np.ndarray:
         """``count`` elements at ``address``, as a view of the allocation that holds them."""
-        # live allocations do not overlap: the one starting last at or before ``address``
-        # (or an empty one at the same address) is the only candidate
-        at = bisect.bisect_right(self._by_address, (address, len(self.buffers)))
-        for base, index in reversed(self._by_address[max(0, at - 4):at]):
-            buffer = self.buffers[index]
-            if base <= address and address + count * dtype.itemsize <= base + buffer.nbytes:
-                assert (address - base) % dtype.itemsize == 0, "misaligned address"
-                flat = np.asarray(buffer).reshape(-1).view(np.uint8)
-                return flat[address - base: address - base + count * dtype.itemsize].view(dtype)
-        raise AssertionError(f"the kernel reads {count} x {dtype} at {address:#x}, which no "
-                             "allocation holds")
+        region = self.memory.region(address, count * dtype.itemsize)
+        assert region is not None, (f"the kernel reads {count} x {dtype} at {address:#x}, "
+                                    "which no allocation holds")
+        assert address % dtype.itemsize == 0, "misaligned address"
+        return region.view(dtype)
+
+    def _check_arguments(self, source: str, name: str, args: Any) -> None:
+        """Each argument against its C parameter, as the driver will read it: a pointer gets a
+        device array of the pointed-to dtype, a struct a C-contiguous size-one NumPy array of
+        the struct's dtype (what CuPy passes by value), a value a NumPy scalar of its dtype (a
+        float64 for a ``const float`` would be garbage on a GPU)."""
+        _, params, _ = parse_kernel(source, name)
+        assert len(params) == len(args), f"{name}: {len(params)} parameters, {len(args)} args"
+        for (param, want, pointer, _), arg in zip(params, args, strict=True):
+            if pointer:
+                ok = isinstance(arg, cupy.ndarray) and arg.dtype == want
+            elif want.fields is not None:
+                ok = (type(arg) is np.ndarray and arg.size == 1 and arg.dtype == want
+                      and arg.flags.c_contiguous)
+            else:
+                ok = isinstance(arg, np.generic) and arg.dtype == want
+            assert ok, f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}"
 
     def _run(self, source: str, name: str, args: list[Any], grid: int | None,
              block: int) -> None:
         t_type, params, body = parse_kernel(source, name)
-        env: dict[str, Any] = {}
-        assert len(params) == len(args), f"{name}: {len(params)} parameters, {len(args)} args"
-        for (param, want, pointer, pname), arg in zip(params, args, strict=True):
-            if pointer:
-                assert type(arg) is EmuArray and arg.dtype == want, (
-                    f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
-            elif want.fields is not None:  # CuPy passes a size-one NumPy array by value
-                assert type(arg) is np.ndarray and arg.size == 1 and arg.dtype == want and (
-                    arg.flags.c_contiguous), (
-                    f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
-            else:
-                assert isinstance(arg, np.generic) and arg.dtype == want, (
-                    f"{name}: {param} got {type(arg).__name__} {getattr(arg, 'dtype', '')}")
-            env[pname] = arg
+        env: dict[str, Any] = {pname: host_view(arg) if pointer else arg
+                               for (_, _, pointer, pname), arg in zip(params, args, strict=True)}
         if name.endswith("_mt"):  # every address the kernel will read lies in an allocation
             blocks = np.asarray(env["blocks"]).reshape(3, -1)
             assert blocks.shape[1] == int(env["n_blocks"]) == grid
@@ -248,7 +239,7 @@ class EmulatedCuda(backend_module.Backend):
             assert grid == 1 and 0 < n <= optim.ADDRESS_CHUNK and n <= env["table"].size
         if self.native is not None:
             self.native.launch(source, [(arg, want, pointer) for (_, want, pointer, _), arg
-                                        in zip(params, args, strict=True)], grid, block, self)
+                                        in zip(params, args, strict=True)], grid, block)
             return
         lines = re.findall(r"const (T|bool) (\w+) = \((?:T|bool)\)(.*);", body)
         scalars = {}
@@ -286,11 +277,20 @@ class EmulatedCuda(backend_module.Backend):
         apply_rules(program, scalars, [arrays])
 
 
+@contextlib.contextmanager
+def emulated(native: NativeKernels | None = None) -> Iterator[EmulatedCuda]:
+    """`EmulatedCuda` as CuPy's seam for the block, over a fresh fake device."""
+    with fake_device() as (_, log):
+        seam = log.seam = EmulatedCuda(log.memory, native)
+        with CUPY.seam_replaced(seam):
+            yield seam
+
+
 @pytest.fixture
-def emu(monkeypatch):
-    device = EmulatedCuda()
-    monkeypatch.setattr(backend_module, "BACKENDS", [device, *backend_module.BACKENDS])
-    return device
+def emu() -> Iterator[EmulatedCuda]:
+    cupy_or_fail()
+    with emulated() as seam:
+        yield seam
 
 
 @pytest.mark.parametrize("grads_mode", ["reused", "new"])
@@ -310,20 +310,20 @@ def test_classes_on_the_launch_path(emu, rng, config, grads_mode):
             grads = [emu.xp.asarray(g) for g in host_grads]
         else:
             for g, h in zip(grads, host_grads, strict=True):
-                np.copyto(g, h)
-        emu.launches.clear()
+                host_view(g)[...] = h
+        emu.clear()
         with sync._activate(sync.SyncCounter()) as counter:
             opt.step(grads, skip_if=skip_flags[t == 3])
         assert counter.count == 0
         written = grads_mode == "new" or t == 0  # the gradient table: one launch (8 tensors)
         assert counter.device_ops == (3 if written else 2)
-        assert emu.launches == ["gpuscalar_write_addresses"] * written + [
+        assert emu.names() == ["gpuscalar_write_addresses"] * written + [
             f"gpuscalar_{opt._program.name}_float32_mt", "gpuscalar_count_step"]
         if t != 3:
             ref.step([g.astype(np.float64) for g in host_grads])
     for got, want in zip(params, ref.params, strict=True):
         if want.size:
-            assert rel_error(np.asarray(got), want) < 1e-5
+            assert rel_error(host_view(got), want) < 1e-5
     assert int(opt.step_count) == 7
 
 
@@ -339,16 +339,16 @@ def test_dtype_groups_and_device_hyperparameters_on_the_launch_path(emu, rng):
     m = [np.zeros(p.shape) for p in init]
     v = [np.zeros(p.shape) for p in init]
     for t in range(1, 4):
-        emu.launches.clear()
+        emu.clear()
         opt.step(grads)
-        assert emu.launches == ["gpuscalar_write_addresses"] * (t == 1) + [
+        assert emu.names() == ["gpuscalar_write_addresses"] * (t == 1) + [
             "gpuscalar_adam_float32_mt", "gpuscalar_adam_float64_mt", "gpuscalar_count_step"]
         for i, g in enumerate(grads):
             init[i], m[i], v[i] = ref_adam(init[i].astype(dtypes[i]).astype(np.float64),
-                                           np.asarray(g, np.float64), m[i], v[i], t, 2e-2,
+                                           host_view(g).astype(np.float64), m[i], v[i], t, 2e-2,
                                            np.float32(0.8), 0.99, 1e-6, 0.01)
     for got, want in zip(params, init, strict=True):
-        assert rel_error(np.asarray(got), want) < 1e-5
+        assert rel_error(host_view(got), want) < 1e-5
 
 
 def ref_adam(p, g, m, v, t, lr, b1, b2, eps, wd):
@@ -365,11 +365,11 @@ def test_functional_steps_on_the_launch_path(emu, rng):
     m, v = emu.xp.zeros(300, dtype=np.float32), emu.xp.zeros(300, dtype=np.float32)
     step = gs.GPUScalar(emu.xp.asarray(1, dtype=np.int64))
     optim.adam_step(p, g, m, v, step=step, lr=0.1)
-    assert emu.launches == ["gpuscalar_adam_float32"]
+    assert emu.names() == ["gpuscalar_adam_float32"]
     expected = p0 - 0.1 * g0 / (np.abs(g0) + 1e-8)
-    np.testing.assert_allclose(np.asarray(p), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(host_view(p), expected, rtol=1e-4, atol=1e-6)
     buf = optim.sgd_step(p, g, lr=0.5, momentum=0.9)
-    np.testing.assert_array_equal(np.asarray(buf), g0)
+    np.testing.assert_array_equal(host_view(buf), g0)
 
 
 def test_state_dict_round_trip_on_the_launch_path(emu, rng):
@@ -384,43 +384,43 @@ def test_state_dict_round_trip_on_the_launch_path(emu, rng):
     other.load_state_dict(saved)
     other.step(grads)
     for a, b in zip(params, copies, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(host_view(a), host_view(b))
 
 
 def _table(emu, opt) -> list[int]:
     """The emulated device's gradient table of ``opt``, as a list of addresses."""
-    return np.asarray(opt._grad_table).tolist()
+    return host_view(opt._grad_table).tolist()
 
 
 def test_gradient_table_is_written_from_kernel_arguments(emu, rng):
     """New gradient arrays: the table is written by `gpuscalar_write_addresses`, whose
     arguments (checked against the generated C signature: the table slice, the count as int64,
     the addresses as a size-one NumPy struct passed by value) hold the arrays' addresses, one
-    launch per ADDRESS_CHUNK tensors, and never by an upload (refused here: it would be a
-    host-to-device copy)."""
+    launch per ADDRESS_CHUNK tensors, and never by an upload (the seam records every
+    host-to-device copy: there is none)."""
     n = 2 * optim.ADDRESS_CHUNK + 3  # three chunks, the last one short
     dtypes = [np.float64 if k % 3 == 0 else np.float32 for k in range(n)]  # two dtype groups
     params = [emu.xp.asarray(rng.standard_normal(k % 4 + 1), dtype=d)
               for k, d in enumerate(dtypes)]
-    init = [np.array(p, dtype=np.float64) for p in params]
+    init = [host_view(p).astype(np.float64) for p in params]
     opt = optim.SGD(params, lr=0.5)
-    emu.upload = None  # any upload would fail: the table is written by kernels
     for _ in range(2):
         host_grads = [rng.standard_normal(p.shape) for p in params]
         grads = [emu.xp.asarray(g, dtype=p.dtype)
                  for g, p in zip(host_grads, params, strict=True)]
-        emu.launches.clear()
+        emu.clear()
         with sync._activate(sync.SyncCounter()) as counter:
             opt.step(grads)
         assert counter.count == 0 and counter.device_ops == 3 + 2 + 1
-        assert emu.launches == ["gpuscalar_write_addresses"] * 3 + [
+        assert not emu.uploads  # the seam saw no host-to-device copy (nor `xp.asarray`)
+        assert emu.names() == ["gpuscalar_write_addresses"] * 3 + [
             "gpuscalar_sgd_float64_mt", "gpuscalar_sgd_float32_mt", "gpuscalar_count_step"]
         # the table holds each gradient's address, in table order (dtype group by group)
-        assert _table(emu, opt) == [emu.data_address(grads[i]) for i in opt._order]
+        assert _table(emu, opt) == [CUPY.data_address(grads[i]) for i in opt._order]
         for i, g in enumerate(host_grads):
             init[i] = init[i].astype(dtypes[i]).astype(np.float64) - 0.5 * g.astype(dtypes[i])
         for p, want in zip(params, init, strict=True):
-            np.testing.assert_allclose(np.asarray(p, dtype=np.float64), want, rtol=1e-6)
+            np.testing.assert_allclose(host_view(p).astype(np.float64), want, rtol=1e-6)
 
 
 def test_the_emulator_checks_the_address_struct(emu):
@@ -430,13 +430,13 @@ def test_the_emulator_checks_the_address_struct(emu):
     table = emu.xp.zeros(4, dtype=np.int64)
     addresses = np.arange(optim.ADDRESS_CHUNK, dtype=np.int64)
     with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray int64"):
-        emu.launch_kernel(source, name, 4, [table, np.int64(4), addresses], grid=1)
+        CUPY.launch_kernel(source, name, 4, [table, np.int64(4), addresses], grid=1)
     short = np.zeros(1, np.dtype([("address", np.int64, (optim.ADDRESS_CHUNK - 1,))]))
     with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray"):
-        emu.launch_kernel(source, name, 4, [table, np.int64(4), short], grid=1)
-    emu.launch_kernel(source, name, 3, [table, np.int64(3), addresses.view(optim.ADDRESS_STRUCT)],
+        CUPY.launch_kernel(source, name, 4, [table, np.int64(4), short], grid=1)
+    CUPY.launch_kernel(source, name, 3, [table, np.int64(3), addresses.view(optim.ADDRESS_STRUCT)],
                       grid=1)
-    assert np.asarray(table).tolist() == [0, 1, 2, 0]
+    assert host_view(table).tolist() == [0, 1, 2, 0]
 
 
 @pytest.mark.parametrize("config", ["adam", "sgd_momentum"])
@@ -464,7 +464,7 @@ def test_captured_step_with_new_gradient_arrays_on_the_launch_path(emu, rng, con
         ref.step([np.zeros(s) for s in shapes])
     with emu.record() as graph:
         step()
-    assert [launch[1] for launch in graph] == ["gpuscalar_write_addresses",
+    assert [launch.name for launch in graph] == ["gpuscalar_write_addresses",
                                                f"gpuscalar_{opt._program.name}_float32_mt",
                                                "gpuscalar_count_step"]
     recorded = made[-1]
@@ -472,21 +472,21 @@ def test_captured_step_with_new_gradient_arrays_on_the_launch_path(emu, rng, con
     # table still points at the last warm-up's arrays and must be written
     host_grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     for g, h in zip(recorded, host_grads, strict=True):
-        np.copyto(g, h)
+        host_view(g)[...] = h
     opt.step(recorded)
     ref.step([h.astype(np.float64) for h in host_grads])
     for _ in range(12):
         host_grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         for g, h in zip(recorded, host_grads, strict=True):
-            np.copyto(g, h)  # what the graph's own nodes would compute into its pool
-        np.asarray(opt._grad_table)[:] = 0  # whatever an eager step left: the replay rewrites
+            host_view(g)[...] = h  # what the graph's own nodes would compute into its pool
+        host_view(opt._grad_table)[:] = 0  # whatever an eager step left: the replay rewrites
         with sync._activate(sync.SyncCounter()) as counter:
             emu.replay(graph)
         assert counter.count == 0 and counter.device_ops == 1
         ref.step([h.astype(np.float64) for h in host_grads])
     assert int(opt.step_count) == 15
     for got, want in zip(params, ref.params, strict=True):
-        assert rel_error(np.asarray(got), want) < 1e-5
+        assert rel_error(host_view(got), want) < 1e-5
 
 
 def test_eager_steps_between_replays_on_the_launch_path(emu, rng):
@@ -507,14 +507,14 @@ def test_eager_steps_between_replays_on_the_launch_path(emu, rng):
     expected = p0.astype(np.float64) - 2 * 1.0
     for grads, replay in [(other, False), (None, True), (other, False), (other, False),
                           (None, True), (None, True), (static, False), (other, False)]:
-        emu.launches.clear()
+        emu.clear()
         if replay:
             emu.replay(graph)
             expected = expected - 1.0
         else:
             opt.step([grads])
-            expected = expected - np.asarray(grads, dtype=np.float64)
-        np.testing.assert_allclose(np.asarray(p, dtype=np.float64), expected, rtol=1e-6)
+            expected = expected - host_view(grads).astype(np.float64)
+        np.testing.assert_allclose(host_view(p).astype(np.float64), expected, rtol=1e-6)
     assert int(opt.step_count) == 10
 
 
@@ -537,10 +537,10 @@ def test_chunk_size_is_the_block_tables_alone(emu, rng, chunk):
         emu.sources.clear()
         for _ in range(3):
             opt.step(grads)
-        blocks = np.asarray(opt._groups[0]._blocks)
+        blocks = host_view(opt._groups[0]._blocks)
         assert blocks.shape[1] == sum(-(-s // cls.chunk_size) for s in (9000, 15, 1, 70000))
         assert (blocks[2] - blocks[1]).max() == min(cls.chunk_size, 70000)
-        results.append([np.array(p, copy=True) for p in params])
+        results.append([host_view(p).copy() for p in params])
         sources.append(set(emu.sources))
     assert sources[0] == sources[1]
     for a, b in zip(*results, strict=True):
@@ -553,19 +553,19 @@ def test_gpu_adam_bench_runs_on_the_launch_path(emu, rng, capsys):
     the first that can time them; no timing is checked here, only what is reported)."""
     from bench import gpu_adam
 
-    def new(data: np.ndarray) -> EmuArray:
-        return emu._new(np.ascontiguousarray(data))
+    def new(data: np.ndarray) -> Any:
+        return to_device(np.ascontiguousarray(data))
 
     fake_cupy = types.SimpleNamespace(
         float32=np.float32,
         cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
         empty=lambda n, dtype: new(np.empty(n, dtype)),
-        empty_like=lambda a: new(np.empty_like(a)),
-        zeros_like=lambda a: new(np.zeros_like(a)),
-        copy=lambda a: new(np.array(a, copy=True)),
-        concatenate=lambda arrays: new(np.concatenate(arrays)),
-        copyto=np.copyto,
-        sqrt=np.sqrt,
+        empty_like=lambda a: new(np.empty(a.shape, a.dtype)),
+        zeros_like=lambda a: new(np.zeros(a.shape, a.dtype)),
+        copy=lambda a: new(host_view(a)),
+        concatenate=lambda arrays: new(np.concatenate([host_view(a) for a in arrays])),
+        copyto=lambda dst, src: host_view(dst).__setitem__(Ellipsis, host_view(src)),
+        sqrt=cupy.sqrt,
         random=types.SimpleNamespace(
             standard_normal=lambda n, dtype: new(rng.standard_normal(n).astype(dtype))),
     )
@@ -596,7 +596,7 @@ def test_cupy_upload_is_refused_inside_a_graph_body():
     """Belt and braces: CupyBackend.upload raises, naming the problem, inside a captured step
     (checked before CuPy is touched: this runs without a GPU)."""
     with sync.graph_body(), pytest.raises(RuntimeError, match="inside a captured step"):
-        backend_module.CUPY.upload(object(), np.zeros(3))
+        CUPY.upload(object(), np.zeros(3))
 
 
 def test_the_emulator_rejects_a_wrongly_typed_argument(emu):
@@ -604,7 +604,7 @@ def test_the_emulator_rejects_a_wrongly_typed_argument(emu):
     source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None])
     x = emu.xp.zeros(4, dtype=np.float32)
     with pytest.raises(AssertionError, match="const T lr_val got float64"):
-        emu.launch_kernel(source, name, 4, [np.int64(4), x, x, np.float64(0.1),
+        CUPY.launch_kernel(source, name, 4, [np.int64(4), x, x, np.float64(0.1),
                                             np.float32(0.0)])
 
 
@@ -650,27 +650,26 @@ def _scenario(device: EmulatedCuda, seed: int) -> list[np.ndarray]:
     buf = optim.sgd_step(p, g, lr=0.5, momentum=0.9, dampening=0.1)
     optim.sgd_step(p, g, buf, lr=0.5, momentum=0.9, dampening=0.1)
     out += [p, m, v, buf]
-    return [np.array(a, copy=True) for a in out]
+    return [host_view(a).copy() for a in out]
 
 
-def test_generated_cuda_c_runs_natively(monkeypatch, tmp_path):
+def test_generated_cuda_c_runs_natively(tmp_path):
     """The generated CUDA C itself (ILP loops, block tables, scalar lines, the counter kernel)
     compiled for the host and run over the same scenario as the NumPy emulation: the same
     numbers. Skips where no host C++ compiler is installed (the NVRTC checks still run)."""
     if shutil.which("g++") is None:
         pytest.skip("no g++ on this machine to run the generated C on the host")
-    emulated = EmulatedCuda()
-    monkeypatch.setattr(backend_module, "BACKENDS", [emulated, *backend_module.BACKENDS])
-    expected = _scenario(emulated, seed=7)
-    kernels = {name.removesuffix("_mt").rsplit("_", 1)[0] for name in emulated.sources.values()}
+    cupy_or_fail()
+    with emulated() as numpy_run:
+        expected = _scenario(numpy_run, seed=7)
+    kernels = {name.removesuffix("_mt").rsplit("_", 1)[0] for name in numpy_run.sources.values()}
     assert kernels == {"gpuscalar_adam", "gpuscalar_adamw", "gpuscalar_sgd",
                        "gpuscalar_sgd_momentum", "gpuscalar_sgd_nesterov", "gpuscalar_rmsprop",
                        "gpuscalar_rmsprop_centered_momentum", "gpuscalar_lion",
                        "gpuscalar_count", "gpuscalar_write"}
-    native = EmulatedCuda(NativeKernels(emulated.sources, tmp_path))
-    monkeypatch.setattr(backend_module, "BACKENDS", [native, *backend_module.BACKENDS[1:]])
-    got = _scenario(native, seed=7)
-    assert set(native.sources) <= set(emulated.sources)
+    with emulated(NativeKernels(numpy_run.sources, tmp_path)) as native:
+        got = _scenario(native, seed=7)
+    assert set(native.sources) <= set(numpy_run.sources)
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
@@ -689,10 +688,25 @@ def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rn
 
     monkeypatch.setattr(executors, "_CUPY_FUSES", {})
     monkeypatch.setattr(codegen, "plan_code", no_code)
+    # nor a fused kernel an earlier test built for the same expression (this seam answers an
+    # ElementwiseKernel with memory whose values it does not compute; it computes a ufunc)
+    monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
     lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
     assert optim._route(lr)[0] == ("pointer", "float64") and lr.is_materialized
     start = rng.standard_normal(5).astype(np.float32)
     params = [emu.xp.asarray(start)]
     opt = optim.SGD(params, lr=gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1)
     opt.step([emu.xp.asarray(np.ones(5, np.float32))])
-    np.testing.assert_allclose(np.asarray(params[0]), start - np.float32(0.05), rtol=1e-6)
+    np.testing.assert_allclose(host_view(params[0]), start - np.float32(0.05), rtol=1e-6)
+
+
+def test_the_emulator_bounds_every_table_read(emu):
+    """The address check can fail: a read through a table address must lie inside one
+    allocation (its requested size, not the fake memory's padding)."""
+    x = emu.xp.zeros(4, dtype=np.float32)
+    address = CUPY.data_address(x)
+    assert emu._memory(address, np.dtype(np.float32), 4).tolist() == [0.0] * 4
+    assert emu._memory(address + 4, np.dtype(np.float32), 3).size == 3
+    for at, count in [(address, 5), (address + 4, 4), (64, 1)]:
+        with pytest.raises(AssertionError, match="which no allocation holds"):
+            emu._memory(at, np.dtype(np.float32), count)

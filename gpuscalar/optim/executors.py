@@ -7,9 +7,10 @@ made here, once per backend (`executor_for`), so the algorithm files (`adam.py`,
 `base.py` and `clip.py` are written once and never ask which backend they run on. Both
 executors expose the same operations: run a Program on one tensor, set up and launch a
 multi-tensor group, point the kernels at new gradient arrays, increment the step counter, and
-answer the few questions validation needs (layouts, writeability, overlaps). A test double for
-the device (tests/test_optim_launch.py) is a backend with `launch_kernel`: it gets the CUDA
-executor, so it stands in for one seam, not for the library's logic.
+answer the few questions validation needs (layouts, writeability, overlaps). The launch
+emulator (tests/test_optim_launch.py) replaces CuPy's `CudaSeam` (`CUPY.seam_replaced`), not the
+backend: CuPy gets this CUDA executor there too, so the emulator stands in for one seam, not for
+the library's logic.
 
 How a kernel receives each scalar (the learning rate, betas, the step, ``skip_if`` ...) is
 decided in one place, `route`: a Python number by value, a GPUScalar through a pointer to its
@@ -225,7 +226,7 @@ def _increment_on_host(backend: Backend, count: Any, skip: Routed | None) -> Non
 class CudaExecutor(Executor):
     """Generated CUDA kernels launched through `Backend.launch_kernel` (the seam)."""
 
-    backend: Any  # a backend with ``launch_kernel`` (CuPy's; in tests, a launch emulator)
+    backend: Any  # CuPy's (``launch_kernel``); tests replace its seam, never this backend
 
     def fuses(self, plan: expr.Plan) -> bool:
         return _cupy_fuses(plan)
