@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ast
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim
-from gpuscalar.lazy import expr, rules
+from gpuscalar.lazy import codegen, expr, rules
 
 _INFIX = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Eq: "==", ast.NotEq: "!=",
           ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
@@ -81,7 +82,7 @@ def test_the_c_printer_keeps_every_trees_grouping():
         rule = _random_rule(rng, 5)
         if not isinstance(rule, rules.Rule):
             continue
-        text = rules.c_source(rule)
+        text = codegen.c_source(rule)
         assert _tree_of_text(text) == _tree_of_rule(rule), text
         assert ast.unparse(ast.parse(text, mode="eval")) == text.replace("(-3)", "-3"), text
 
@@ -94,15 +95,15 @@ def test_the_printer_groups_as_written():
     assert str((a + b) * c * c) == "(a + b) * c * c"
     assert str((a == b) == 0) == "(a == b) == 0"
     assert str(rules.select(a < 1, b, -2 * c)) == "select(a < 1, b, (-2) * c)"
-    assert rules.c_source(a + b, {"a": "(*a_ptr)"}) == "(*a_ptr) + b"
+    assert codegen.c_source(a + b, {"a": "(*a_ptr)"}) == "(*a_ptr) + b"
 
 
 def test_the_fma_barrier_is_a_parameter():
     """With a barrier every operation's value is wrapped (no contraction spans two), and the
     optimizer kernels print with none (their text as written)."""
     a, b, c = rules.symbols("a b c")
-    assert rules.c_source(a * b + c, barrier="_gs_opaque") == "_gs_opaque(_gs_opaque(a * b) + c)"
-    assert rules.c_source(rules.sqrt(a * b), barrier="_gs_opaque") == (
+    assert codegen.c_source(a * b + c, barrier="_gs_opaque") == "_gs_opaque(_gs_opaque(a * b) + c)"
+    assert codegen.c_source(rules.sqrt(a * b), barrier="_gs_opaque") == (
         "_gs_opaque(sqrt(_gs_opaque(a * b)))")
     source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6)
     assert "_gs_opaque" not in source
@@ -125,6 +126,59 @@ def test_the_host_evaluator_applies_each_nodes_ufunc_in_tree_order():
     np.testing.assert_array_equal(picked, np.where(x > 0, np.sign(y), np.nan))
 
 
+def _outcome(compute: Callable[[], object]) -> object:
+    """The bytes of what ``compute`` gives, or the type of the error it raises."""
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(compute()).tobytes()
+    except (TypeError, ValueError) as error:  # no ufunc loop; an int to a negative int power
+        return type(error)
+
+
+def test_one_walk_writes_and_evaluates_every_tree():
+    """The C writer is one walk with the spelling a parameter, and it is the host evaluator's
+    walk: a spelling that writes each op as a call of its NumPy twin, run by Python, gives the
+    host evaluator's bits on 200 random rules (so the two read every tree alike); and a pending
+    GPUScalar's plan goes through the same walk (`plan_code` reaches `write_c`)."""
+    rng = random.Random(161)
+    values = {name: np.random.default_rng(i).standard_normal(16).astype(np.float32)
+              for i, name in enumerate("abcd")}
+    spelled = {name: f"RULE_FUNCTIONS[{name!r}]" for name in expr.RULE_FUNCTIONS}
+    checked = 0
+    for _ in range(200):
+        rule = _random_rule(rng, 4)
+        if not isinstance(rule, rules.Rule) or not expr.is_node(rule.term):
+            continue
+        sources = [(repr(leaf) if isinstance(leaf, int) else leaf, None)
+                   for leaf in expr.leaves_of(rule.term)]
+        text, _ = codegen.write_c(
+            expr.plan_of(rule.term), sources,
+            lambda op, args, barrier: (codegen.with_barrier(
+                f"{spelled[op.name]}({', '.join(arg for arg, _ in args)})", barrier), None),
+            "identity")
+        written = _outcome(lambda: eval(text, {  # noqa: S307, B023
+            "RULE_FUNCTIONS": expr.RULE_FUNCTIONS, "identity": lambda v: v, **values}))
+        evaluated = _outcome(lambda: rules.evaluate(rule, values))  # noqa: B023
+        assert written == evaluated, text
+        checked += isinstance(evaluated, bytes)
+    assert checked > 100  # most random rules have a value (a few meet no ufunc loop: sign(bool))
+    walked: list[expr.Plan] = []
+    original = codegen.write_c
+
+    def spy(plan: expr.Plan, *args: object) -> object:
+        walked.append(plan)
+        return original(plan, *args)
+
+    node = (gs.asscalar(np.float32(2.0)) * 3 + 1)._node
+    try:
+        codegen.write_c = spy  # type: ignore[assignment]
+        codegen.plan_code(expr.plan_of(node), "_t_")
+        codegen.c_source(rules.symbol("a") + 1)
+    finally:
+        codegen.write_c = original  # type: ignore[assignment]
+    assert [plan.key for plan in walked] == [node.key, (rules.symbol("a") + 1).term.key]
+
+
 def test_rules_are_lazy_nodes():
     """A Program's rules are `gpuscalar.lazy.expr` nodes made by `make_node`, the node type of
     pending GPUScalars: one expression IR for both."""
@@ -141,9 +195,9 @@ def test_rules_are_lazy_nodes():
 def test_only_kernels_that_call_a_helper_carry_it():
     lion_source, _ = optim.kernel_source(optim.LION, "float32", [None] * 4)
     adam_source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6)
-    assert rules.CUDA_HELPERS["sign"] in lion_source
-    assert rules.CUDA_HELPERS["sign"] not in adam_source
-    assert optim.LION.helpers == rules.CUDA_HELPERS["sign"] and optim.ADAM.helpers == ""
+    assert codegen.CUDA_HELPERS["sign"] in lion_source
+    assert codegen.CUDA_HELPERS["sign"] not in adam_source
+    assert optim.LION.helpers == codegen.CUDA_HELPERS["sign"] and optim.ADAM.helpers == ""
 
 
 def test_a_new_program_with_maximum_runs_on_the_host_and_carries_its_helper():
@@ -157,7 +211,7 @@ def test_a_new_program_with_maximum_runs_on_the_host_and_carries_its_helper():
                        {"param": p, "grad": np.array([1.0, 1.0, 1.0])}, None)
     np.testing.assert_array_equal(p, [0.5, 0.0, np.nan])
     source, _ = optim.kernel_source(program, "float64", [None])
-    assert rules.CUDA_HELPERS["maximum"] in source
+    assert codegen.CUDA_HELPERS["maximum"] in source
     assert "const T p = maximum(param - lr * grad, 0);" in source
 
 
@@ -165,7 +219,7 @@ def test_counter_reads_are_rules_on_both_sides():
     counter = np.asarray(np.int64(4))
     assert rules.evaluate(optim.COUNTER_READS["step"], {"counter": counter}) == 5
     assert not rules.evaluate(optim.COUNTER_READS["fresh"], {"counter": counter})
-    assert rules.c_source(optim.COUNTER_READS["step"], {"counter": "(*p)"}) == "(*p) + 1"
+    assert codegen.c_source(optim.COUNTER_READS["step"], {"counter": "(*p)"}) == "(*p) + 1"
 
 
 def test_bad_rules_and_programs_are_refused_with_clear_errors():

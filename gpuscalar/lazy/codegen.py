@@ -1,4 +1,4 @@
-"""CUDA C for pending scalar expressions, each operation written as CuPy writes it.
+"""CUDA C for every node tree: pending scalar expressions, each op as CuPy writes it, and rules.
 
 Why this module exists: a fused expression must give the same bits as the eager operations it
 replaces. Eager CuPy runs each operation as its own ufunc kernel: CuPy's routine for the chosen
@@ -16,16 +16,21 @@ parameters are numbered by position, preambles are kept in first-use order, and 
 come from the expression's structure, so equal structures give equal source in every process.
 Nothing here needs a GPU: tests compile every generated shape with NVRTC.
 
-One generator serves every consumer: `scalar_code` gives the statements that compute an
-expression, used by the materializing kernel, by the fused array-operation kernel (in its
-``loop_prep``, once per thread), and by the fused optimizers' prelude.
+One generator serves every consumer: `write_c` is the one walk that writes C for any node tree,
+the per-op spelling and the FMA-barrier policy its parameters. `scalar_code` spells each op as
+CuPy's routine with barriers (the statements that compute an expression, used by the
+materializing kernel, by the fused array-operation kernel in its ``loop_prep``, once per
+thread, and by the fused optimizers' prelude); `c_source` spells an optimizer's update rule
+(`gpuscalar.lazy.rules`) as infix C on the kernel's generic type ``T``, without barriers as in
+0.2. The walk is the host evaluator's (`expr.fold_plan`), so C and NumPy read a tree alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +48,14 @@ __all__ = [
     "cupy_op",
     "scalar_code",
     "plan_code",
+    "OPAQUE",
+    "Spelling",
+    "with_barrier",
+    "write_c",
+    "c_source",
+    "RULE_CALLS",
+    "CUDA_HELPERS",
+    "cuda_helpers",
     "raw_kernel_params",
     "cupy_headers",
     "leaf_code",
@@ -196,53 +209,177 @@ def scalar_code(root: expr.Node, prefix: str) -> ScalarCode:
 
 
 def plan_code(plan: expr.Plan, prefix: str) -> ScalarCode:
-    """`scalar_code` for every expression of ``plan``'s structure."""
+    """`scalar_code` for every expression of ``plan``'s structure: each op spelled as CuPy's
+    routine (`_cupy_spelling`), FMA barriers between ops (`OPAQUE`) for parity with eager CuPy."""
     code = ScalarCode(preambles=[OPAQUE_PREAMBLE])
     sources: list[tuple[str, np.dtype]] = []
     for index, (kind, dtype) in enumerate(plan.leaf_kinds):
         name = f"{prefix}{'l' if kind == 'leaf' else 'c'}{index}"
         code.params.append((name, dtype, kind == "leaf"))
         sources.append((f"{name}[0]" if kind == "leaf" else name, dtype))
-    results: list[tuple[str, np.dtype]] = []
-    for step, (op, refs) in enumerate(plan.steps):
-        inputs = [sources[r] if r >= 0 else results[~r] for r in refs]
-        variable = f"{prefix}v{step}"
-        code.statements += _node_statements(op, inputs, variable, code.preambles)
-        results.append((variable, op.dtype))
-    code.value, code.dtype = results[-1]
+    code.value, code.dtype = write_c(plan, sources, _cupy_spelling(code, prefix), OPAQUE)
     return code
 
 
+# ---- THE code generator: one walk, the spelling and the barrier policy its parameters --------
+
+#: The FMA-barrier function of `OPAQUE_PREAMBLE`: fused scalar expressions wrap every op's value
+#: in it; optimizer kernels pass no barrier (NVRTC may contract within a rule, as in 0.2).
+OPAQUE = "_gs_opaque"
+
+#: How one op is written: ``spell(op, operands, barrier)`` -> the op's value, given its operands'
+#: values (whatever the spelling's values are: a C variable and its dtype, an infix text and its
+#: binding strength) and the barrier policy (`with_barrier`).
+Spelling = Callable[[expr.Op, list[Any], "str | None"], Any]
+
+
+def with_barrier(text: str, barrier: str | None) -> str:
+    """An op's C value under the barrier policy: wrapped in a call to ``barrier`` (no FMA
+    contraction can span two ops), or as it is (None)."""
+    return text if barrier is None else f"{barrier}({text})"
+
+
+def write_c(plan: expr.Plan, sources: list[Any], spell: Spelling, barrier: str | None) -> Any:
+    """THE C writer for any node tree (a pending scalar's, an update rule's): ``plan``'s ops in
+    order, walked by `expr.fold_plan` (the host evaluator's walk), each written by ``spell``
+    under the barrier policy ``barrier``; ``sources`` are the leaves' values. Returns the root's
+    value. One walk, so both kinds of kernel read a tree in the order NumPy evaluates it."""
+    return expr.fold_plan(plan, sources, lambda op, operands: spell(op, operands, barrier))
+
+
+def _cupy_spelling(code: ScalarCode, prefix: str) -> Spelling:
+    """Each op as eager CuPy runs it: its routine in a block of its own, into the variable
+    ``{prefix}v{step}``, its statements appended to ``code``; a value is (variable, dtype)."""
+    steps = itertools.count()
+
+    def spell(op: expr.Op, inputs: list[Any], barrier: str | None) -> tuple[str, np.dtype]:
+        variable = f"{prefix}v{next(steps)}"
+        code.statements += _node_statements(op, inputs, variable, code.preambles, barrier)
+        return variable, op.dtype
+
+    return spell
+
+
+def _routine_lines(routine_op: Any, operands: list[tuple[str, np.dtype]],
+                   headers: list[str]) -> list[str]:
+    """CuPy's routine as its own elementwise kernel runs it: the ``inN_type``/``outN_type``
+    typedefs, each operand converted as CuPy converts it (``fix_cast_expr``), the outputs, the
+    routine. Shared by a fused scalar op and a fused array operation, so both match eager CuPy
+    alike; headers the types need are appended to ``headers``."""
+    lines = [f"typedef {cuda_type(dtype, headers)} in{i}_type;"
+             for i, dtype in enumerate(routine_op.in_types)]
+    lines += [f"typedef {cuda_type(dtype, headers)} out{i}_type;"
+              for i, dtype in enumerate(routine_op.out_types)]
+    for i, ((source, dtype), wanted) in enumerate(zip(operands, routine_op.in_types,
+                                                      strict=True)):
+        lines.append(f"const in{i}_type in{i}({cast_expression(dtype, wanted, source)});")
+    lines += [f"out{i}_type out{i};" for i in range(len(routine_op.out_types))]
+    lines.append(f"{routine_op.routine.strip()};")
+    return lines
+
+
 def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: str,
-                     preambles: list[str]) -> list[str]:
+                     preambles: list[str], barrier: str | None) -> list[str]:
     ufunc, routine_op = cupy_op(op)
     with _cupy_internals("ufunc preamble"):
         if ufunc._preamble and ufunc._preamble not in preambles:
             preambles.append(ufunc._preamble)
     headers: list[str] = []
     value_type = cuda_type(op.dtype, headers)
-    lines = [f"{value_type} {variable};", "{"]
-    for i, dtype in enumerate(routine_op.in_types):
-        lines.append(f"    typedef {cuda_type(dtype, headers)} in{i}_type;")
-    for i, dtype in enumerate(routine_op.out_types):
-        lines.append(f"    typedef {cuda_type(dtype, headers)} out{i}_type;")
     operands = list(inputs)
     if op.kind == "round":
         operands.append((f"{int(op.param)}LL", np.dtype(np.int64)))
-    for i, ((source, dtype), wanted) in enumerate(zip(operands, routine_op.in_types,
-                                                      strict=True)):
-        lines.append(f"    const in{i}_type in{i}({cast_expression(dtype, wanted, source)});")
-    for i in range(len(routine_op.out_types)):
-        lines.append(f"    out{i}_type out{i};")
-    lines.append(f"    {routine_op.routine.strip()};")
+    lines = [f"{value_type} {variable};", "{",
+             *(f"    {line}" for line in _routine_lines(routine_op, operands, headers))]
     produced = routine_op.out_types[op.output]
     result = cast_expression(produced, op.dtype, f"out{op.output}")
-    lines.append(f"    {variable} = _gs_opaque(static_cast<{value_type}>({result}));")
+    value = with_barrier(f"static_cast<{value_type}>({result})", barrier)
+    lines.append(f"    {variable} = {value};")
     lines.append("}")
     for header in headers:
         if header not in preambles:
             preambles.insert(0, header)
     return lines
+
+
+#: Binding strength of each infix operator of an update rule (C's, and Python's: comparisons
+#: bind weakest and are never chained unparenthesized, as Python chains ``a == b == c`` and C
+#: does not); any other rule op is a call of the function of its name (`RULE_CALLS`).
+_INFIX_STRENGTH = {"==": 0, "!=": 0, "<": 0, "<=": 0, ">": 0, ">=": 0,
+                   "+": 1, "-": 1, "*": 2, "/": 2}
+#: The functions a rule may call: defined in ``kernels/fused_elementwise.cu`` or by
+#: `CUDA_HELPERS` (their NumPy twins: `expr.RULE_FUNCTIONS`).
+RULE_CALLS = ("sqrt", "pow", "select", "minimum", "maximum", "sign")
+#: CUDA definitions of the `RULE_CALLS` that ``kernels/fused_elementwise.cu`` lacks: only a
+#: kernel whose rules call one carries it (`cuda_helpers`), so every other kernel's text is
+#: unchanged.
+CUDA_HELPERS: dict[str, str] = {
+    # numpy.sign: NaN stays NaN, a zero of either sign gives +0
+    "sign": (
+        "template <typename T>\n"
+        "__device__ __forceinline__ T sign(T x) { return x > 0 ? T(1) : (x < 0 ? T(-1) : "
+        "(x == 0 ? T(0) : x)); }\n"
+    ),
+    # numpy.maximum: NaN-propagating, as the header's minimum
+    "maximum": (
+        "template <typename T>\n"
+        "__device__ __forceinline__ T maximum(T a, T b) { return (a != a || a > b) ? a : b; }\n"
+    ),
+}
+#: Binding strength of a symbol, a literal, a call or a barrier: never parenthesized.
+_ATOM = 9
+
+
+def _infix_spelling(op: expr.Op, args: list[tuple[str, int]],
+                    barrier: str | None) -> tuple[str, int]:
+    """An update rule's op as C on the kernel's generic type ``T``: an infix operator with the
+    fewest parentheses that keep the tree's grouping (operators associate left, as in C and
+    Python: ``a - (b - c)`` keeps its parentheses, ``(a - b) - c`` prints as ``a - b - c``), or
+    a call; a value is (text, binding strength)."""
+    name = op.name
+    if name in _INFIX_STRENGTH:
+        strength = _INFIX_STRENGTH[name]
+        (left, left_strength), (right, right_strength) = args
+        if left_strength < strength or left_strength == strength == 0:
+            left = f"({left})"
+        if right_strength <= strength:
+            right = f"({right})"
+        text = f"{left} {name} {right}"
+    else:
+        text, strength = f"{name}({', '.join(text for text, _ in args)})", _ATOM
+    return (text, strength) if barrier is None else (with_barrier(text, barrier), _ATOM)
+
+
+def c_source(rule: Any, names: Mapping[str, str] | None = None, barrier: str | None = None) -> str:
+    """An update rule (`gpuscalar.lazy.rules.Rule`) as one C expression. ``names`` renames
+    symbols (e.g. ``counter`` to ``(*step_ptr)``); int literals print as C literals of ``T``.
+    ``barrier`` is the FMA-barrier policy: None (the optimizer kernels, as in 0.2) or a function
+    wrapped around every op's value, so no contraction spans two ops (as `OPAQUE` in fused
+    scalar kernels)."""
+    renames = names or {}
+
+    def leaf(child: Any) -> tuple[str, int]:
+        if isinstance(child, str):  # a symbol
+            return renames.get(child, child), _ATOM
+        return (f"({child})" if child < 0 else str(child)), _ATOM
+
+    term = rule.term
+    if not expr.is_node(term):
+        return leaf(term)[0]
+    sources = [leaf(child) for child in expr.leaves_of(term)]
+    return write_c(expr.plan_of(term), sources, _infix_spelling, barrier)[0]
+
+
+def cuda_helpers(rules: Iterable[Any]) -> str:
+    """The `CUDA_HELPERS` definitions the update ``rules`` call, each once, in first-use order
+    (the order the C writer meets them)."""
+    called: dict[str, None] = {}
+    for rule in rules:
+        if expr.is_node(rule.term):
+            for op, _ in expr.plan_of(rule.term).steps:
+                if op.name in CUDA_HELPERS:
+                    called.setdefault(op.name)
+    return "".join(CUDA_HELPERS[name] for name in called)
 
 
 def raw_kernel_params(code: ScalarCode) -> list[str]:
@@ -355,16 +492,7 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
             described.append(("k" if operand.keep else "s") + (
                 operand.dtype.str if operand.root is None
                 else expr.describe_structure(operand.root.key)))
-    body = []
-    for i, dtype in enumerate(routine_op.in_types):
-        body.append(f"typedef {cuda_type(dtype, headers)} in{i}_type;")
-    for i, dtype in enumerate(routine_op.out_types):
-        body.append(f"typedef {cuda_type(dtype, headers)} out{i}_type;")
-    for i, ((source, dtype), wanted) in enumerate(zip(sources, routine_op.in_types, strict=True)):
-        body.append(f"const in{i}_type in{i}({cast_expression(dtype, wanted, source)});")
-    for i in range(len(routine_op.out_types)):
-        body.append(f"out{i}_type out{i};")
-    body.append(f"{routine_op.routine.strip()};")
+    body = _routine_lines(routine_op, sources, headers)
     outs = []
     for i, (produced, wanted) in enumerate(zip(routine_op.out_types, out_dtypes, strict=True)):
         outs.append(f"{wanted.name} _gs_out{i}")

@@ -1,4 +1,5 @@
-"""Pending scalar expressions: the small IR behind lazy GPUScalars, and its host evaluator.
+"""Pending scalar expressions (the small IR behind lazy GPUScalars and optimizer rules), THE walk
+of a tree and THE host evaluator.
 
 Why this module exists: on a GPU every scalar operation is a kernel launch (~10 us of CPU time
 in CuPy); a 12-op learning-rate schedule cost 149 us per step as CuPy 0-d ops and 7.6 us as one
@@ -84,6 +85,9 @@ __all__ = [
     "cache_size",
     "set_cache_size",
     "KEY_BYTES_PER_SHAPE",
+    "RULE_FUNCTIONS",
+    "fold_plan",
+    "evaluate",
     "evaluate_on_host",
     "evaluate_plan",
     "lazy",
@@ -332,8 +336,8 @@ def describe_structure(key: int) -> str:
             parts.append(item)
             continue
         structure = _KEY_STRUCTURE[item]
-        if structure[0] in ("leaf", "const"):
-            parts.append(f"{structure[0]}:{structure[1].str}")
+        if type(structure[0]) is str:  # a leaf kind (an op's structure starts with its id)
+            parts.append(f"{structure[0]}:{getattr(structure[1], 'str', structure[1])}")
             continue
         parts.append(f"{_OPS_BY_ID[structure[0]]!r}(")
         stack.append(")")
@@ -417,7 +421,7 @@ class Plan:
         while stack:
             item, next_child = stack.pop()
             structure = _KEY_STRUCTURE[item]
-            if structure[0] in ("leaf", "const"):
+            if type(structure[0]) is str:  # a leaf kind: "leaf", "const", a rule's symbol...
                 refs.append(len(leaf_kinds))
                 leaf_kinds.append(structure)
                 continue
@@ -555,16 +559,52 @@ def plan_of(root: Node) -> Plan:
 # ---- the host evaluator ---------------------------------------------------------------------
 
 
+#: The NumPy twin of each operation of an optimizer update rule (`gpuscalar.lazy.rules`, ops of
+#: kind ``"rule"``): the ufunc applied node by node on the host, as the kernel's C operator or
+#: helper of the same name applies it on the device (`gpuscalar.lazy.codegen.c_source`).
+RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
+    ">": np.greater, ">=": np.greater_equal,
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide,
+    "sqrt": np.sqrt, "pow": np.power, "select": np.where,
+    "minimum": np.minimum, "maximum": np.maximum, "sign": np.sign,
+}
+
+
+def fold_plan(plan: Plan, sources: list[Any], apply: Callable[[Op, list[Any]], Any]) -> Any:
+    """THE walk of an expression: ``plan``'s steps in order, ``apply(op, operands)`` on each
+    (its operands being ``sources``, the leaves' values in plan order, and earlier steps'
+    results); returns the last result. The host evaluator applies NumPy here and the code
+    generator (`gpuscalar.lazy.codegen`) writes C here, so both read a tree in the same order."""
+    results: list[Any] = []
+    for op, refs in plan.steps:
+        results.append(apply(op, [sources[r] if r >= 0 else results[~r] for r in refs]))
+    return results[-1]
+
+
 def _apply_on_host(op: Op, args: list[Any]) -> Any:
-    """One op with NumPy, as the eager operation runs it: the same ufunc on the same loop."""
+    """One op with NumPy, as the eager operation runs it: the same ufunc on the same loop (an
+    update rule's op: its `RULE_FUNCTIONS` twin, on the kernel dtype its operands already have)."""
     if op.kind == "ufunc":
         result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
         return result[op.output] if len(op.out_dtypes) > 1 else result
+    if op.kind == "rule":
+        return RULE_FUNCTIONS[op.name](*args)
     if op.kind == "where":
         return np.where(*args)
     if op.kind == "round":
         return np.round(args[0], op.param)
     raise AssertionError(f"unknown op kind {op.kind!r}")
+
+
+def evaluate(root: Any, value_of: Callable[[Any], Any]) -> Any:
+    """THE host evaluator: ``root`` (a node, or a lone leaf) with NumPy, node by node in the
+    tree's order; ``value_of`` gives each leaf's value (a pending scalar's leaf: its host data;
+    an update rule's symbol: the array or scalar it names). Warnings are the caller's choice
+    (``np.errstate``), as a kernel gives IEEE results without any."""
+    if type(root) is not Node:
+        return value_of(root)
+    return fold_plan(plan_of(root), [value_of(leaf) for leaf in leaves_of(root)], _apply_on_host)
 
 
 def evaluate_on_host(root: Node, host_data: Callable[[Any], Any]) -> np.ndarray:
@@ -576,10 +616,6 @@ def evaluate_on_host(root: Node, host_data: Callable[[Any], Any]) -> np.ndarray:
 def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
                   host_data: Callable[[Any], Any]) -> np.ndarray:
     """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
-    leaves = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
-    results: list[Any] = []
+    sources = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
     with np.errstate(all="ignore"):
-        for op, refs in plan.steps:
-            args = [leaves[r] if r >= 0 else results[~r] for r in refs]
-            results.append(_apply_on_host(op, args))
-    return np.asarray(results[-1])
+        return np.asarray(fold_plan(plan, sources, _apply_on_host))

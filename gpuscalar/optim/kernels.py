@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..lazy import codegen, expr, rules
+from ..lazy import codegen, expr
 from .program import COUNTER_READS, VALUE, Program, ScalarKind
 
 __all__ = [
@@ -111,7 +111,7 @@ def _scalar_declaration(name: str, kind: ScalarKind, ctype: str = "T") -> _Scala
         return _ScalarCode((f"const {POINTER_CTYPES[kind[1]]}* __restrict__ {name}_ptr",),
                            (f"const {ctype} {name} = ({ctype})(*{name}_ptr);",))
     if tag == "counter":
-        read = rules.c_source(COUNTER_READS[kind[1]], {"counter": f"(*{name}_ptr)"})
+        read = codegen.c_source(COUNTER_READS[kind[1]], {"counter": f"(*{name}_ptr)"})
         return _ScalarCode((f"const long long* __restrict__ {name}_ptr",),
                            (f"const {ctype} {name} = ({ctype})({read});",))
     if tag == "pending":  # the expression's own code (gpuscalar.codegen), then the cast to T
@@ -205,11 +205,11 @@ def _kernel_source(
         prelude = [*skip_code.statements, "if (skip) return;", *prelude]
         codes.insert(0, skip_code)
     # the rules print as infix C with no FMA barrier: the compiler may contract within a rule
-    prelude += [f"const T {name} = {rules.c_source(rule)};" for name, rule in program.prelude]
+    prelude += [f"const T {name} = {codegen.c_source(rule)};" for name, rule in program.prelude]
 
     def element(indent: str, load: Callable[[str], str]) -> list[str]:
         lines = [f"const T {name} = {load(name)};" for name in program.arrays]
-        lines += [f"const T {name} = {rules.c_source(rule)};" for name, rule in program.body]
+        lines += [f"const T {name} = {codegen.c_source(rule)};" for name, rule in program.body]
         lines += [f"{array}_p[gs_i] = {temporary};" for array, temporary in program.outputs]
         return [indent + line for line in lines]
 

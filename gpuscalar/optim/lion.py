@@ -11,7 +11,7 @@ computed as the reference PyTorch implementation (lucidrains/lion-pytorch) and o
 ``p * (1 - lr * weight_decay) - lr * update``, the decay factor computed once per step, as
 AdamW's. The state is ``exp_avg`` (m), zeros before the first step. ``sign`` is NumPy's
 (NaN stays NaN, zero gives 0), in CUDA a helper only kernels that call it carry
-(`gpuscalar.lazy.rules.CUDA_HELPERS`).
+(`gpuscalar.lazy.codegen.CUDA_HELPERS`).
 """
 
 from __future__ import annotations

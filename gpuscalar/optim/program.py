@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Backend
-from ..lazy import expr, rules
+from ..lazy import codegen, expr, rules
 from ..lazy.rules import Rule
 
 __all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "VALUE",
@@ -69,7 +69,7 @@ class Program:
             if array not in self.arrays or temporary not in dict(self.body):
                 raise ValueError(f"Program {self.name!r}: output ({array!r}, {temporary!r}) "
                                  "must store a body temporary in one of the arrays")
-        helpers = rules.cuda_helpers(rule for _, rule in (*self.prelude, *self.body))
+        helpers = codegen.cuda_helpers(rule for _, rule in (*self.prelude, *self.body))
         object.__setattr__(self, "helpers", helpers)
 
 
