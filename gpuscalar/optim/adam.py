@@ -13,7 +13,7 @@ from typing import Any
 from ..lazy import rules
 from ..lazy.rules import sqrt, symbols
 from ..scalar import GPUScalar
-from .base import Hyperparameter, Optimizer, betas_setting, nonnegative
+from .base import BETAS, EPS, WEIGHT_DECAY, Optimizer
 from .checks import betas_pair, check_skip, hyper, step_arrays
 from .executors import run_program
 from .program import Program, register
@@ -97,9 +97,9 @@ class Adam(Optimizer):
     _decoupled = False
     _hyperparameters = ("lr", "betas", "eps", "weight_decay")
 
-    betas = Hyperparameter(betas_setting, "(beta1, beta2): numbers in [0, 1) or GPUScalars.")
-    eps = Hyperparameter(nonnegative, "Added to the denominator: a number or GPUScalar.")
-    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+    betas = BETAS
+    eps = EPS
+    weight_decay = WEIGHT_DECAY
 
     def __init__(
         self,

@@ -38,7 +38,7 @@ from .multi_tensor import Group
 from .program import COUNTER_READS, CounterRead, Program
 
 __all__ = ["Optimizer", "Hyperparameter", "nonnegative", "betas_setting",
-           "uses_momentum", "momentum_setting"]
+           "uses_momentum", "momentum_setting", "BETAS", "EPS", "WEIGHT_DECAY", "MOMENTUM"]
 
 
 class Hyperparameter:
@@ -85,6 +85,14 @@ def momentum_setting(opt: Optimizer, name: str, value: Any) -> Any:
         raise ValueError(f"{name}: this {kind} was made without momentum (no momentum "
                          f"buffers); make a new {kind} with momentum > 0")
     return value
+
+
+#: The hyperparameters several optimizers share, declared once (a descriptor keeps no state of
+#: its class: each optimizer class names the one it uses, ``weight_decay = WEIGHT_DECAY``).
+BETAS = Hyperparameter(betas_setting, "(beta1, beta2): numbers in [0, 1) or GPUScalars.")
+EPS = Hyperparameter(nonnegative, "Added to the denominator: a number or GPUScalar.")
+WEIGHT_DECAY = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+MOMENTUM = Hyperparameter(momentum_setting, "Momentum: a number or GPUScalar (>= 0).")
 
 
 def _scalar_read(opt: Optimizer, name: str) -> Callable[[Optimizer], Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..lazy.rules import sign, symbols
 from ..scalar import GPUScalar
-from .base import Hyperparameter, Optimizer, betas_setting, nonnegative
+from .base import BETAS, WEIGHT_DECAY, Optimizer
 from .checks import betas_pair, check_skip, hyper, step_arrays
 from .executors import run_program
 from .program import Program, register
@@ -83,8 +83,8 @@ class Lion(Optimizer):
 
     _hyperparameters = ("lr", "betas", "weight_decay")
 
-    betas = Hyperparameter(betas_setting, "(beta1, beta2): numbers in [0, 1) or GPUScalars.")
-    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+    betas = BETAS
+    weight_decay = WEIGHT_DECAY
 
     def __init__(
         self,

@@ -16,7 +16,15 @@ from typing import Any
 
 from ..lazy.rules import select, sqrt, symbols
 from ..scalar import GPUScalar
-from .base import Hyperparameter, Optimizer, momentum_setting, nonnegative, uses_momentum
+from .base import (
+    EPS,
+    MOMENTUM,
+    WEIGHT_DECAY,
+    Hyperparameter,
+    Optimizer,
+    nonnegative,
+    uses_momentum,
+)
 from .checks import check_skip, hyper, step_arrays
 from .executors import run_program
 from .program import Program, register
@@ -127,9 +135,9 @@ class RMSprop(Optimizer):
     _hyperparameters = ("lr", "alpha", "eps", "weight_decay", "momentum")
 
     alpha = Hyperparameter(nonnegative, "Smoothing constant: a number or GPUScalar (>= 0).")
-    eps = Hyperparameter(nonnegative, "Added to the denominator: a number or GPUScalar.")
-    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
-    momentum = Hyperparameter(momentum_setting, "Momentum: a number or GPUScalar (>= 0).")
+    eps = EPS
+    weight_decay = WEIGHT_DECAY
+    momentum = MOMENTUM
 
     def __init__(
         self,

@@ -13,7 +13,14 @@ from typing import Any
 
 from ..lazy.rules import select, symbols
 from ..scalar import GPUScalar
-from .base import Hyperparameter, Optimizer, momentum_setting, nonnegative, uses_momentum
+from .base import (
+    MOMENTUM,
+    WEIGHT_DECAY,
+    Hyperparameter,
+    Optimizer,
+    nonnegative,
+    uses_momentum,
+)
 from .checks import check_array, check_like, check_skip, check_writeable, hyper
 from .executors import run_program
 from .program import Program, register
@@ -121,9 +128,9 @@ class SGD(Optimizer):
 
     _hyperparameters = ("lr", "momentum", "dampening", "weight_decay")
 
-    momentum = Hyperparameter(momentum_setting, "Momentum: a number or GPUScalar (>= 0).")
+    momentum = MOMENTUM
     dampening = Hyperparameter(_sgd_dampening, "Dampening: a number or GPUScalar (>= 0).")
-    weight_decay = Hyperparameter(nonnegative, "Weight decay: a number or GPUScalar (>= 0).")
+    weight_decay = WEIGHT_DECAY
 
     def __init__(
         self,
