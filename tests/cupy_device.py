@@ -436,11 +436,11 @@ def _as_device(array: Any) -> Any:
 
 
 @contextlib.contextmanager
-def fake_cupy_device(*, check: bool = True) -> Iterator[tuple[FakeCupy, DeviceLog, DeviceSeam]]:
+def fake_cupy_device() -> Iterator[tuple[FakeCupy, DeviceLog, DeviceSeam]]:
     """The fake device for user-level code and, as gpuscalar's CUDA seam, the recorder of
     `tests.cupy_seam` (each of gpuscalar's launches checked against CuPy, answered on this
     device); yields ``(xp, log, seam)``."""
     with fake_device() as (xp, log):
-        seam = log.seam = DeviceSeam(log.memory, check=check)
+        seam = log.seam = DeviceSeam(log.memory)
         with CUPY.seam_replaced(seam):
             yield xp, log, seam

@@ -52,9 +52,8 @@ def cupy_device():
     cupy_or_fail()
     from .cupy_device import fake_cupy_device  # noqa: PLC0415 - imports CuPy
 
-    # on a machine with a GPU the recorder's checks would launch real kernels on the fake
-    # (host) addresses; there the real-GPU tests check CuPy's acceptance instead
-    with fake_cupy_device(check=not gs.gpu_available()) as triple:
+    # (fake memory skips on a machine with a GPU: see tests/cupy_fake.refuse_on_a_gpu)
+    with fake_cupy_device() as triple:
         yield triple
 
 
