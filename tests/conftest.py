@@ -10,6 +10,7 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import strict, sync
 
+from . import cupy_fake
 from . import nvrtc as nvrtc_helpers
 
 #: Every backend-parametrized test runs on each: NumPy, the CuPy-strict CPU device (a duck
@@ -51,6 +52,14 @@ def clean_sync_state():
 def nvrtc():
     """CuPy's NVRTC binding (compile checks without a GPU); skips without it, fails in CI."""
     return nvrtc_helpers.load()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs_cupy``: the test imports CuPy (no GPU needed). Without CuPy (an
+    install without the ``cuda12``/``cuda13`` extra) it skips, saying so; under ``CI=true``,
+    where the extra is installed, it fails instead (`cupy_fake.cupy_or_fail`)."""
+    if item.get_closest_marker("needs_cupy") is not None:
+        cupy_fake.cupy_or_fail()
 
 
 @pytest.fixture

@@ -453,6 +453,7 @@ def test_cupys_own_product_in_a_step_is_refused_pointing_at_gs_matmul():
 # ---- a step called while another one is recorded runs inline -------------------------------------
 
 
+@pytest.mark.needs_cupy  # the step runs on the CuPy backend
 def test_a_step_called_while_a_graph_is_recorded_runs_inline_instead_of_launching(monkeypatch):
     """On CuPy (stood in for: a fake graph, the stream's capture state decided by the test): a
     replay launches the graph, but inside another recording (the current stream captures) the

@@ -30,6 +30,7 @@ def test_host_values_are_shown_and_others_named(value, expected):
     assert sync.describe(value) == expected
 
 
+@pytest.mark.needs_cupy  # count_syncs(include_cupy=True)
 def test_device_values_are_named_by_type_and_dtype_without_a_sync():
     pending = gs.asscalar(2.0, like=strict.xp.zeros(1)) * 3  # a pending expression
     values = [gs.asscalar(np.float32(1.0)), pending, strict.xp.zeros(3),

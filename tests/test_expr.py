@@ -335,6 +335,7 @@ def test_every_shape_the_parity_tests_built_compiles_with_nvrtc(nvrtc):
 # ---- integer offsets fold into constants only (never into a device leaf) ------------------------
 
 
+@pytest.mark.needs_cupy  # count_syncs(include_cupy=True)
 @pytest.mark.parametrize("build", [
     lambda a, b: (a + b) + 1,
     lambda a, b: (a + b) - 2,

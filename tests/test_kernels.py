@@ -219,6 +219,7 @@ def test_compile_check_catches_a_broken_kernel(nvrtc):
 # ---- the CUDA runtime headers (issue 15: CuPy 14 compiles nothing without them) -------------
 
 
+@pytest.mark.needs_cupy  # cuda-pathfinder, installed with CuPy
 def test_cuda_runtime_headers_are_installed_where_cupy_looks():
     """The ``cuda12`` extra installs ``nvidia-cuda-runtime-cu12``, and CuPy's own lookup
     (cuda-pathfinder's ``cudart`` headers) finds them: without this no CuPy kernel compiles."""
@@ -261,6 +262,7 @@ def test_cupys_own_headers_compile(nvrtc):
     assert ".entry header_probe" in _compile(nvrtc, source, "header_probe.cu")
 
 
+@pytest.mark.needs_cupy  # cuda-pathfinder, installed with CuPy
 @pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
                                          ("", pytest.skip.Exception)])
 def test_missing_cuda_headers_fail_under_ci(monkeypatch, ci, outcome):

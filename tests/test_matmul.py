@@ -305,6 +305,7 @@ def fake_backend(monkeypatch):
     return types.SimpleNamespace(xp=types.SimpleNamespace(cuda=types.SimpleNamespace(Memory=None)))
 
 
+@pytest.mark.needs_cupy  # a handle is made through the CuPy backend
 def test_a_handle_lives_as_long_as_its_stream(fake_backend):
     stream = _FakeStream(555)
     handle = linalg._handle(fake_backend, 0, stream)
@@ -320,6 +321,7 @@ def test_a_handle_lives_as_long_as_its_stream(fake_backend):
     assert linalg._HANDLES == {(0, 555): fresh}
 
 
+@pytest.mark.needs_cupy  # a handle is made through the CuPy backend
 def test_handles_of_gone_streams_wait_while_a_graph_is_recorded(fake_backend):
     stream = _FakeStream(556)
     handle = linalg._handle(fake_backend, 0, stream)
@@ -337,6 +339,7 @@ def test_handles_of_gone_streams_wait_while_a_graph_is_recorded(fake_backend):
     assert handle.closed and linalg._DOOMED == []
 
 
+@pytest.mark.needs_cupy  # a handle is made through the CuPy backend
 def test_a_handle_that_recorded_a_graph_outlives_its_stream(fake_backend):
     stream = _FakeStream(557)
     handle = linalg._handle(fake_backend, 0, stream)
@@ -351,6 +354,7 @@ def test_a_handle_that_recorded_a_graph_outlives_its_stream(fake_backend):
     assert handle.closed and linalg._KEPT == []
 
 
+@pytest.mark.needs_cupy  # a handle is made through the CuPy backend
 def test_a_finalizer_releasing_handles_while_one_is_made_does_not_deadlock(fake_backend,
                                                                           monkeypatch):
     """A captured step garbage-collected while a handle is being made (its workspace allocation
@@ -373,6 +377,7 @@ def test_a_finalizer_releasing_handles_while_one_is_made_does_not_deadlock(fake_
     assert made and other.closed and list(linalg._HANDLES) == [(0, 777)]
 
 
+@pytest.mark.needs_cupy  # a handle is made through the CuPy backend
 def test_handles_made_says_whether_the_program_multiplies_on_cupy(fake_backend, monkeypatch):
     registered = []
     monkeypatch.setattr(linalg, "_exit_hook", [])

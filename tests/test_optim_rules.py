@@ -135,6 +135,7 @@ def _outcome(compute: Callable[[], object]) -> object:
         return type(error)
 
 
+@pytest.mark.needs_cupy  # codegen.plan_code reads CuPy's ufunc tables
 def test_one_walk_writes_and_evaluates_every_tree():
     """The C writer is one walk with the spelling a parameter, and it is the host evaluator's
     walk: a spelling that writes each op as a call of its NumPy twin, run by Python, gives the

@@ -256,6 +256,7 @@ def test_every_reduction_reaches_cuda_on_a_real_cupy_array(name):
         assert reaches_cuda(SIGNATURE_CALLS[name], x)
 
 
+@pytest.mark.needs_cupy  # CuPy's signatures
 def test_the_signature_check_can_fail():
     import cupy
 

@@ -456,6 +456,7 @@ def uploads_refused(monkeypatch):
     monkeypatch.setitem(strict.xp.__dict__, "array", asarray)
 
 
+@pytest.mark.needs_cupy  # count_syncs(include_cupy=True)
 @pytest.mark.parametrize(("value", "dtype"), [
     (2.5, None), (3, None), (True, None), (1 + 2j, None), (np.float32(1.5), None),
     (np.array(7, dtype=np.int16), None), (2.5, "float16"), (-1, "int8"), (255, "uint8"),

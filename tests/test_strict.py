@@ -566,6 +566,7 @@ NORMS = {
 }
 
 
+@pytest.mark.needs_cupy  # CuPy's own norm on the fake CuPy device
 @pytest.mark.parametrize("case", list(NORMS))
 def test_linalg_norm_counts_the_kernels_cupy_launches(case):
     """``cupy.linalg.norm(v)`` is ``sqrt((v * v).sum())``: three launches, not one. CuPy's own
