@@ -607,3 +607,89 @@ def test_linalg_norm_counts_cupys_reduction_kernels(kwargs, launches):
         got = xp.linalg.norm(x, **kwargs)
     assert counter.device_ops == launches
     np.testing.assert_allclose(host(got), np.linalg.norm(data, **kwargs), rtol=1e-12)
+
+
+# ---- random numbers: xp.random.default_rng is cupy.random.default_rng -------------------------
+
+
+def test_default_rng_draws_strict_arrays_the_next_operation_takes():
+    rng = xp.random.default_rng(0)
+    x = rng.standard_normal((4, 3))
+    assert type(x) is strict.StrictArray and x.shape == (4, 3) and x.dtype == np.float64
+    y = x * 2.0 + xp.ones(3)  # a NumPy array here was the bug: the strict device refused it
+    assert type(y) is strict.StrictArray
+    np.testing.assert_array_equal(host(y), np.random.default_rng(0).standard_normal((4, 3)) * 2 + 1)
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs", "dtype"), [
+    ("random", (), {"size": 5}, np.float64),
+    ("random", (), {"size": 5, "dtype": np.float32}, np.float32),
+    ("standard_normal", (), {"size": (2, 3), "dtype": np.float32}, np.float32),
+    ("uniform", (-1.0, 1.0), {"size": 4}, np.float64),
+    ("uniform", (-1.0, 1.0), {"size": 4, "dtype": np.float32}, np.float32),
+    ("integers", (0, 10), {"size": 6}, np.int64),
+    ("integers", (10,), {"size": 6, "dtype": np.int32}, np.int32),
+    ("beta", (2.0, 3.0), {"size": 3, "dtype": np.float32}, np.float32),
+    ("exponential", (2.0,), {"size": 3}, np.float64),
+    ("gamma", (2.0,), {"size": 3}, np.float64),
+    ("poisson", (3.0,), {"size": 3}, np.int64),
+    ("binomial", (10, 0.5), {"size": 3}, np.int64),
+    ("standard_exponential", (), {"size": 3, "method": "inv"}, np.float64),
+    ("dirichlet", ([1.0, 2.0, 3.0],), {"size": 2}, np.float64),
+])
+def test_each_draw_is_a_strict_array_and_one_device_op_without_a_sync(name, args, kwargs, dtype):
+    rng = xp.random.default_rng(7)
+    counter = library_counter()  # sees the device's own reads too
+    with sync._activate(counter):
+        x = getattr(rng, name)(*args, **kwargs)
+    assert type(x) is strict.StrictArray and x.dtype == dtype
+    assert counter.device_ops == 1 and counter.count == 0
+    plain = {k: v for k, v in kwargs.items() if k != "dtype" or name not in ("uniform", "beta")}
+    expected = np.asarray(getattr(np.random.default_rng(7), name)(*args, **plain)).astype(dtype)
+    np.testing.assert_array_equal(host(x), expected)  # NumPy's values for the seed
+
+
+@pytest.mark.parametrize("name", ["random", "standard_normal", "uniform", "integers"])
+def test_a_draw_without_size_is_a_0d_array_as_in_cupy(name):
+    rng = xp.random.default_rng(1)
+    x = rng.integers(5) if name == "integers" else getattr(rng, name)()
+    assert type(x) is strict.StrictArray and x.shape == ()
+    assert isinstance(gs.GPUScalar(x), gs.GPUScalar)  # a GPUScalar wraps it (a 0-d array)
+
+
+def test_parameters_may_be_strict_arrays_on_their_device_and_out_is_filled_in_place():
+    with strict.device(1):
+        low, high = xp.zeros(3), xp.full(3, 2.0)
+    x = xp.random.default_rng(2).uniform(low, high)
+    assert x.shape == (3,) and x.device.id == 1
+    assert np.all((host(x) >= 0) & (host(x) < 2))
+    out = xp.zeros(4)
+    assert xp.random.default_rng(3).standard_normal(4, out=out) is out
+    np.testing.assert_array_equal(host(out), np.random.default_rng(3).standard_normal(4))
+    with pytest.raises(TypeError, match="host NumPy array"):
+        xp.random.default_rng(2).uniform(np.zeros(3), 1.0)
+
+
+def test_the_generator_has_cupys_methods_only():
+    rng = xp.random.default_rng(0)
+    for name in ("normal", "choice", "permutation", "shuffle"):  # NumPy's, not CuPy's
+        with pytest.raises(AttributeError, match=f"cupy.random.Generator has no method '{name}'"):
+            getattr(rng, name)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        rng.nonsense  # noqa: B018
+    assert xp.random.default_rng(rng) is rng and isinstance(rng, xp.random.Generator)
+    assert type(xp.random.permutation(xp.arange(5))) is strict.StrictArray  # the legacy API
+
+
+def test_making_a_generator_is_one_device_op():
+    with gs.count_syncs() as counter:
+        xp.random.default_rng(0)
+    assert counter.device_ops == 1 and counter.count == 0
+
+
+@pytest.mark.needs_cupy  # cupy.random.Generator, inspected (no device needed)
+def test_the_method_list_is_cupys():
+    import cupy
+
+    public = {n for n in dir(cupy.random.Generator) if not n.startswith("_")}
+    assert set(strict.GENERATOR_METHODS) == public - {"bit_generator"}
