@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
               "found; nothing measured", file=sys.stderr)
         return 2
     result = measure(args.backend, number=args.number, quiet=args.quiet)
-    print(f"per-op CPU time on {result['device']} (best of 7 x {args.number} calls)")
+    calls = "1 call" if args.number == 1 else f"{args.number} calls"
+    print(f"per-op CPU time on {result['device']} (best of 7 x {calls})")
     print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

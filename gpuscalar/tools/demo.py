@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "cupy" and not gs.gpu_available():
         parser.error("--backend cupy needs CuPy and a CUDA device; none was found")
     backend = default_backend() if args.backend is None else get_backend(args.backend)
-    print(f"gpuscalar demo: {args.steps} steps of linear regression on {describe(backend)}")
+    steps = "1 step" if args.steps == 1 else f"{args.steps} steps"
+    print(f"gpuscalar demo: {steps} of linear regression on {describe(backend)}")
     note = cpu_note(backend)
     if note is not None:
         print(textwrap.fill(note, width=100))
@@ -217,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(textwrap.fill(
         "syncs and device ops: counted on the strict device, as a GPU sees them (every array "
-        "call is one launch; a graph replay is one). time: median of "
-        f"{args.repeats} runs of each path after one untimed warm-up run (compilation and "
+        "call is one launch; a graph replay is one). time: "
+        + ("1 run" if args.repeats == 1 else f"median of {args.repeats} runs")
+        + " of each path after one untimed warm-up run (compilation and "
         "first calls excluded; the capture path's recording is on its clock).", width=100))
     difference = results["max_weight_difference"]
     print(f"weights: largest difference from the float path's = {difference:.2e}"
