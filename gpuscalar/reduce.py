@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Iterable, Sequence
+import numbers
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, cast, overload
 
 import numpy as np
@@ -18,6 +19,7 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from .backend import Backend, backend_of
 from .scalar import GPUScalar, _array_of, _wrap
+from .sync import describe
 
 __all__ = [
     "sum",
@@ -39,21 +41,28 @@ __all__ = [
 ]
 
 
-def _operand(x: Any, function: str) -> tuple[Backend, Any]:
-    """The backend and raw array of a reduction's input (an array or GPUScalar)."""
+def _operand(x: Any, function: str, what: str = "") -> tuple[Backend, Any]:
+    """The backend and raw array of a reduction's input (an array or GPUScalar); ``what``
+    names it in errors where the function takes many (``arrays[2]``)."""
     if isinstance(x, GPUScalar):
         return x.backend, _array_of(x)
     backend = backend_of(x)
     if backend is None:
+        if what:
+            raise TypeError(
+                f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array or a GPUScalar, "
+                f"got {type(x).__name__}"
+            )
         raise TypeError(
             f"gpuscalar.{function}() takes a NumPy or CuPy array or a GPUScalar, got "
             f"{type(x).__name__}; convert lists with numpy.asarray/cupy.asarray first"
         )
     if x.dtype.kind in _NOT_NUMERIC:
         raise TypeError(
-            f"gpuscalar.{function}() cannot reduce an array of dtype {x.dtype}: a device "
-            "scalar holds a bool, integer, floating or complex value (CuPy has no datetime64, "
-            "timedelta64 or object arrays); convert first, e.g. x.astype(numpy.int64)"
+            f"gpuscalar.{function}() cannot reduce {what + ', ' if what else ''}an array of "
+            f"dtype {x.dtype}: a device scalar holds a bool, integer, floating or complex value "
+            "(CuPy has no datetime64, timedelta64 or object arrays); convert first, e.g. "
+            "x.astype(numpy.int64)"
         )
     return backend, x
 
@@ -290,13 +299,14 @@ def stack_scalars(backend: Backend, scalars: Sequence[Any], dtype: Any) -> Any:
 
     ``xp.stack`` of them all would, in CuPy, upload a pointer table for more than
     `STACK_COPIES` inputs (a hidden host-to-device copy every call, which a CUDA-graph capture
-    refuses). Up to `STACK_COPIES` this is one ``xp.stack`` (one counted op; CuPy copies each
-    input); above, a preallocated vector is filled `STACK_COPIES` inputs at a time with
-    ``xp.stack(chunk, out=slots[i:j])``: ``1 + ceil(n / 8)`` counted ops, device work only, the
-    same values as one stack (each input is copied, cast as ``stack`` casts)."""
+    refuses). Up to `STACK_COPIES` this is one ``xp.stack(..., dtype=dtype)`` (one counted op;
+    CuPy copies each input); above, a preallocated vector is filled `STACK_COPIES` inputs at a
+    time with ``xp.stack(chunk, out=slots[i:j])``: ``1 + ceil(n / 8)`` counted ops, device work
+    only, the same values as one stack (each input is copied, cast to ``dtype`` as ``stack``
+    casts: ``same_kind``)."""
     xp = backend.xp
     if len(scalars) <= STACK_COPIES:
-        return backend.call(xp.stack, list(scalars))
+        return backend.call(xp.stack, list(scalars), dtype=dtype)
     slots = backend.call(xp.empty, (len(scalars),), dtype=dtype)
     for start in range(0, len(scalars), STACK_COPIES):
         chunk = list(scalars[start:start + STACK_COPIES])
@@ -304,33 +314,144 @@ def stack_scalars(backend: Backend, scalars: Sequence[Any], dtype: Any) -> Any:
     return slots
 
 
-def global_norm(arrays: Iterable[Any], ord: float = 2) -> GPUScalar:
+def array_items(
+    arrays: Any, function: str, what: str = "arrays", noun: str = "array"
+) -> tuple[list[Any], bool]:
+    """The items of a "one array or many" argument, and whether it was a single one.
+
+    A **single array** is one item, whatever its ndim (0-d included), never split into its rows
+    or elements: an object a backend owns (a NumPy ``ndarray`` or subclass, a CuPy ``ndarray``,
+    a strict-device array) or a GPUScalar (a 0-d device value; the caller decides whether it
+    takes one). Anything else must be an **iterable** of items (a list, tuple, generator, ...),
+    consumed once, in order; each item is checked by the caller (with its index). Refused, by
+    ``function``'s name: an array-like no backend owns (anything with ``shape`` and ``dtype``:
+    a NumPy scalar such as ``numpy.float64(1.0)``, a PyTorch or JAX array), a string or bytes,
+    a mapping (its keys would be taken: pass ``.values()``), anything not iterable (a
+    ``TypeError``), and no items at all (a ``ValueError``). No device work, no sync.
+    """
+    if isinstance(arrays, GPUScalar) or backend_of(arrays) is not None:
+        return [arrays], True
+    kind = describe(arrays)
+    if hasattr(arrays, "shape") and hasattr(arrays, "dtype"):
+        raise TypeError(
+            f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
+            f"iterable of them, got {kind}, which is not a NumPy or CuPy array: convert it "
+            "with numpy.asarray or cupy.asarray"
+        )
+    if isinstance(arrays, (str, bytes, bytearray, Mapping)):
+        hint = " (pass its .values())" if isinstance(arrays, Mapping) else ""
+        raise TypeError(
+            f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
+            f"iterable of them, got {kind}{hint}"
+        )
+    try:
+        items = list(arrays)
+    except TypeError:
+        raise TypeError(
+            f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
+            f"iterable of them, got {kind}"
+        ) from None
+    if not items:
+        raise ValueError(f"gpuscalar.{function}() needs at least one {noun}, got an empty "
+                         f"{type(arrays).__name__}")
+    return items, False
+
+
+def _norm_order(ord: Any) -> Any:
+    """``ord`` of `global_norm`, checked on the host: a real number other than NaN (``None``
+    is 2, as in NumPy)."""
+    if ord is None:
+        return 2
+    if (isinstance(ord, (bool, np.bool_, GPUScalar)) or not isinstance(ord, numbers.Real)
+            or math.isnan(ord)):
+        reason = (" (its value is on the device; reading it would be a sync)"
+                  if isinstance(ord, GPUScalar) else "")
+        raise ValueError(
+            f"gpuscalar.global_norm(): unsupported ord {describe(ord)}{reason}: the vector norms "
+            "are a real number p (2, 1, 0 for the count of nonzeros, math.inf, -math.inf or any "
+            "other p) or None (2)"
+        )
+    return ord
+
+
+def _norm_dtype(common: np.dtype) -> np.dtype:
+    """The dtype of NumPy's vector norm of an array of dtype ``common``: float64 if it is not
+    inexact, the real dtype if complex."""
+    if common.kind not in "fc":
+        return np.dtype(np.float64)
+    return np.finfo(common).dtype  # the real dtype of a complex one
+
+
+def global_norm(arrays: Any, ord: float | None = 2) -> GPUScalar:
     """One ``ord``-norm over many arrays together (gradient clipping), as a GPUScalar.
 
-    Computed as the norm of the per-array norms, which equals the norm of all elements
-    concatenated for every ``ord`` (including ``inf``) without copying them together. Device
-    ops: one array is ``norm(x, ord)`` (1); ``n`` arrays are ``n`` norms, their gathering into
-    one vector (`stack_scalars`: 1 op up to 8 arrays, ``1 + ceil(n / 8)`` above) and its norm
-    (1). Never a host-to-device copy (no ``xp.stack`` of more than 8 inputs), so it can run
-    inside a captured CUDA-graph step.
+    ``arrays``: one array (any ndim, 0-d included: exactly ``global_norm([x])``, never split
+    into its rows or elements), one GPUScalar (a 0-d array: its absolute value) or an iterable
+    of arrays and GPUScalars on one backend and device (`array_items`). The result is the
+    vector norm of all their elements concatenated (``numpy.linalg.norm(numpy.concatenate(
+    [a.ravel() for a in arrays]), ord)``), its dtype included, without copying them together:
+    each array's norm, then those combined (for ``2`` and other ``p``, their ``p``-norm; ``1``
+    and ``0``, their sum; ``inf``, their maximum; ``-inf``, their minimum). ``ord``: any real
+    number but NaN (``0`` counts the nonzero elements, a negative ``p`` is NumPy's
+    ``sum(|x|**p)**(1/p)``), or None (2); anything else (``"fro"``, NaN, ``True``, a GPUScalar)
+    is a ValueError naming it. Arrays with no elements add nothing (with ``ord=-inf``, at least
+    one element is needed, as in NumPy; with ``inf`` none at all gives 0, as NumPy). In a
+    mixed-dtype list, an array whose own norm would have another dtype than the result
+    (float16 among float64, int8 among float32) is first converted to the common dtype, as the
+    concatenation converts it.
+
+    Device ops: one array is ``norm(x, ord)`` (1); ``n`` arrays are ``n`` norms, their
+    gathering into one vector (`stack_scalars`: 1 op up to 8 arrays, ``1 + ceil(n / 8)`` above)
+    and its reduction (1); plus 1 for each array converted first. Never a host-to-device copy
+    (no ``xp.stack`` of more than 8 inputs), so it can run inside a captured CUDA-graph step.
     """
-    items = list(arrays)
-    if not items:
-        raise ValueError("global_norm() needs at least one array")
-    for a in items:
-        _operand(a, "global_norm")  # bad input named by this function, before any device work
-    norms = [norm(a, ord=ord) for a in items]
-    backend = norms[0].backend
-    for other in norms[1:]:
-        if other.backend is not backend:
+    items, single = array_items(arrays, "global_norm")
+    p = _norm_order(ord)
+    operands = [
+        _operand(a, "global_norm", "arrays" if single else f"arrays[{i}]")
+        for i, a in enumerate(items)
+    ]  # bad input named by this function, before any device work
+    backend, first = operands[0]
+    for i, (other, array) in enumerate(operands[1:], 1):
+        if other is not backend:
             raise TypeError(
-                f"global_norm(): arrays are on different backends ({backend.name} and "
-                f"{other.backend.name})"
+                f"gpuscalar.global_norm(): arrays[{i}] is a {other.name} array but arrays[0] is "
+                f"{backend.name}"
             )
+        if backend.multi_device and backend.device_of(array) != backend.device_of(first):
+            raise ValueError(
+                f"gpuscalar.global_norm(): arrays[{i}] is on device "
+                f"{backend.device_of(array)!r} but arrays[0] on {backend.device_of(first)!r}"
+            )
+    common = np.result_type(*{array.dtype for _, array in operands})
+    dtype = _norm_dtype(common)
+    parts, p_each = [array for _, array in operands], p
+    if p in (math.inf, -math.inf):  # no elements, nothing to the max/min (CuPy refuses them)
+        nonempty = [array for array in parts if array.size]
+        if not nonempty and p < 0:
+            raise ValueError("gpuscalar.global_norm(ord=-inf): the arrays have no elements "
+                             "(the minimum of nothing, which numpy.linalg.norm refuses too)")
+        parts, p_each = (nonempty, p) if nonempty else (parts[:1], 1)  # 0 for inf, as NumPy
+    # as the concatenation converts each array to the common dtype, an array whose own norm
+    # would have another dtype (float16 among float64, int8 among float32) is converted first
+    norms = [
+        backend.vector_norm(
+            a if _norm_dtype(a.dtype) == dtype else backend.call(a.astype, common),
+            ord=p_each, axis=None, keepdims=False,
+        )
+        for a in parts
+    ]
     if len(norms) == 1:
-        return norms[0]
-    dtype = np.result_type(*[n.dtype for n in norms])
-    stacked = stack_scalars(backend, [_array_of(n) for n in norms], dtype)
-    if ord == math.inf:
-        return _result(backend, backend.call(backend.xp.max, stacked))
-    return _result(backend, backend.vector_norm(stacked, ord=ord, axis=None, keepdims=False))
+        total = norms[0]
+    else:
+        stacked = stack_scalars(backend, norms, dtype)
+        xp = backend.xp
+        if p in (1, 0):  # norms are >= 0: their sum (one op on CuPy, not abs and sum)
+            total = backend.call(xp.sum, stacked)
+        elif p == math.inf:
+            total = backend.call(xp.max, stacked)
+        elif p == -math.inf:
+            total = backend.call(xp.min, stacked)
+        else:
+            total = backend.vector_norm(stacked, ord=p, axis=None, keepdims=False)
+    return cast(GPUScalar, _result(backend, total))

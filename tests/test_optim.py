@@ -1305,3 +1305,64 @@ def test_bad_input_errors_name_a_gpuscalar_without_reading_it(setting, error, wo
     with gs.sync_guard("error"), gs.count_syncs() as counter, pytest.raises(error, match=words):
         setting(opt)
     assert counter.count == 0
+
+
+# ---- issue 21: clip_grad_norm of one array (PyTorch's clip_grad_norm_ takes one tensor) -----
+
+
+@pytest.mark.parametrize("shape", [(1000,), (4, 5), ()])
+def test_clip_grad_norm_of_one_array_scales_that_array(xp, shape):
+    """One gradient array is clipped as ``[grad]`` is (never split into rows or elements):
+    the same norm, the same scaled values, the same device ops; the scaled array's norm is
+    ``max_norm``. On the strict device a 1,000-element vector cost 2,127 device ops before
+    issue 21 (1,000 per-element norms, their gathering, and 1,000 multiplies)."""
+    data = np.linspace(-2.0, 3.0, math.prod(shape)).reshape(shape)
+    alone, listed = xp.array(data, copy=True), xp.array(data, copy=True)
+    with counting() as counter:
+        total = optim.clip_grad_norm(alone, 0.5)
+    with counting() as listed_counter:
+        listed_total = optim.clip_grad_norm([listed], 0.5)
+    assert counter.count == listed_counter.count == 0
+    assert counter.device_ops == listed_counter.device_ops <= 5  # eager: + the coefficient's 3
+    assert host(total) == host(listed_total) == pytest.approx(np.linalg.norm(data.ravel()))
+    np.testing.assert_array_equal(host(alone), host(listed))
+    assert host(alone).shape == shape
+    assert np.linalg.norm(np.ravel(host(alone))) == pytest.approx(0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize(("grads", "error", "words"), [
+    (lambda: gs.asscalar(2.0), TypeError,
+     "grads must be a NumPy or CuPy array, got a GPUScalar of dtype float64, which cannot be "
+     "scaled in place"),
+    (lambda: [np.ones(3), gs.asscalar(2.0)], TypeError,
+     r"grads\[1\] must be a NumPy or CuPy array, got a GPUScalar"),
+    (lambda: np.ones(3, np.int32), TypeError, "grads must be float32 or float64, got dtype int32"),
+    (lambda: [np.ones(3), np.ones(3, np.int32)], TypeError, r"grads\[1\] must be float32"),
+    (lambda: {"w": np.ones(3)}, TypeError, r"got a dict \(pass its \.values\(\)\)"),
+    (lambda: np.float32(2.0), TypeError, "which is not a NumPy or CuPy array"),
+    (lambda: (g for g in []), ValueError, "at least one gradient array, got an empty generator"),
+    (lambda: 2.0, TypeError, "grads must be a NumPy or CuPy array, a GPUScalar or an iterable"),
+], ids=["gpuscalar", "gpuscalar-item", "int-array", "int-item", "dict", "numpy-scalar",
+        "empty-generator", "float"])
+def test_clip_grad_norm_names_what_is_wrong_with_grads(grads, error, words):
+    """Refused before anything is scaled, naming ``grads`` (one array) or ``grads[i]``."""
+    grads = grads()
+    with gs.count_syncs() as counter, pytest.raises(error, match=words):
+        optim.clip_grad_norm(grads, 1.0)
+    assert counter.device_ops == 0
+
+
+@pytest.mark.parametrize("norm_type", [0, -1.0, -math.inf, "inf", None, True, float("nan"),
+                                       np.float64(np.nan)])
+def test_clip_grad_norm_refuses_a_norm_type_that_is_not_a_positive_number(norm_type):
+    grad = np.ones(3)
+    with pytest.raises(ValueError, match="norm_type must be a positive number or math.inf"):
+        optim.clip_grad_norm(grad, 1.0, norm_type=norm_type)
+    np.testing.assert_array_equal(grad, 1.0)
+
+
+@pytest.mark.parametrize("norm_type", [np.float32(1.0), np.int64(2), 3, 0.5])
+def test_clip_grad_norm_takes_numpy_real_norm_types(xp, norm_type):
+    grad = xp.asarray(np.array([3.0, -4.0]))
+    total = optim.clip_grad_norm(grad, 100.0, norm_type=norm_type)
+    assert host(total) == pytest.approx(np.linalg.norm([3.0, -4.0], float(norm_type)))

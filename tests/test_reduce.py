@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gpuscalar as gs
 
-from .helpers import host
+from .helpers import backend_name, host
 
 #: Every test here runs with lazy GPUScalar expressions and again eagerly.
 pytestmark = pytest.mark.usefixtures("scalar_mode")
@@ -310,14 +310,14 @@ def test_reductions_of_datetime_timedelta_object_arrays_name_the_dtype(name, dty
 @pytest.mark.parametrize("count", [2, 8, 9, 12, 17])
 def test_global_norm_of_many_arrays_equals_one_stack_of_their_norms(xp, rng, ord, count):
     """Past 8 arrays the per-array norms are gathered 8 at a time into slices of one vector:
-    bit for bit what one ``stack`` of them gives (what global_norm computed before), and the
-    norm of all elements concatenated."""
+    bit for bit what one ``stack`` of them gives, and the norm of all elements concatenated."""
     arrays = [rng.standard_normal(int(rng.integers(1, 6))) for _ in range(count)]
     arrays[1] = arrays[1].astype(np.float32)  # a mixed-dtype model: float64 result
     with gs.count_syncs() as counter:
         total = gs.global_norm([xp.asarray(a) for a in arrays], ord=ord)
     assert counter.count == 0 and total.dtype == np.float64
-    norms = np.stack([np.linalg.vector_norm(a, ord=ord) for a in arrays]).astype(np.float64)
+    # the float32 array is converted to float64 first, as a concatenation converts it
+    norms = np.stack([np.linalg.vector_norm(a.astype(np.float64), ord=ord) for a in arrays])
     one_stack = np.max(norms) if ord == math.inf else np.linalg.vector_norm(norms, ord=ord)
     assert total.item() == one_stack
     flat = np.concatenate([a.astype(np.float64) for a in arrays])
@@ -350,3 +350,305 @@ def test_global_norm_and_all_finite_run_in_a_captured_steps_body():
     assert inf.item() == 11.0 and bool(finite) is True
     with sync.graph_body(), pytest.raises(RuntimeError, match="H2D"):
         strict.xp.stack([gs.norm(a).array for a in arrays])  # what global_norm did before
+
+
+# ---- issue 21: one array is one array; global_norm is the norm of the concatenation ---------
+
+#: The functions taking "one array or many", each called on its argument; clip_grad_norm scales
+#: it in place (its result is the norm before clipping).
+MANY_ARRAY_FUNCTIONS = {
+    "global_norm": gs.global_norm,
+    "global_norm-inf": lambda arrays: gs.global_norm(arrays, ord=math.inf),
+    "all_finite": gs.all_finite,
+    "clip_grad_norm": lambda arrays: gs.clip_grad_norm(arrays, 1.0),
+}
+
+
+def _counted(call, *args):
+    with gs.count_syncs() as counter:
+        result = call(*args)
+    assert counter.count == 0
+    return result, counter.device_ops
+
+
+@pytest.mark.parametrize("shape", [(1000,), (10, 100), (2, 5, 4), (1,), ()])
+@pytest.mark.parametrize("name", list(MANY_ARRAY_FUNCTIONS))
+def test_a_single_array_is_one_array_not_its_elements(xp, name, shape):
+    """``f(x)`` is ``f([x])``, whatever ``x.ndim`` (0-d included): the same result, bit for bit,
+    and the same device ops (before issue 21, a 1,000-element vector was split into its
+    elements: 1,127 ops for global_norm, 2,002 for all_finite and 2,127 for clip_grad_norm on the
+    strict device)."""
+    data = np.linspace(-3.0, 5.0, math.prod(shape)).reshape(shape)
+    alone, listed = xp.array(data, copy=True), xp.array(data, copy=True)
+    function = MANY_ARRAY_FUNCTIONS[name]
+    got, ops = _counted(function, alone)
+    expected, expected_ops = _counted(function, [listed])
+    assert ops == expected_ops
+    if name != "clip_grad_norm":  # (the norm and a multiply; + the coefficient's ops if eager)
+        assert ops == (2 if name == "all_finite" else 1)
+    assert isinstance(got, gs.GPUScalar) and got.dtype == expected.dtype
+    assert host(got) == host(expected)
+    np.testing.assert_array_equal(host(alone), host(listed))  # clip scaled both the same way
+    if name == "clip_grad_norm" and shape:
+        assert host(got) == pytest.approx(np.linalg.norm(data.ravel()), rel=1e-12)
+        np.testing.assert_allclose(host(alone), data / (host(got) + 1e-6), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MANY_ARRAY_FUNCTIONS))
+def test_any_iterable_of_arrays_is_the_list_of_them(xp, name):
+    """A list, a tuple and a generator of arrays give the same result (a generator is consumed
+    once; clip_grad_norm still scales each array it yielded)."""
+    datas = [np.arange(1.0, 7.0).reshape(2, 3), np.array([-4.0, 0.5]), np.array(2.0)]
+    outcomes = []
+    for make in (list, tuple, lambda arrays: (a for a in arrays)):
+        arrays = [xp.array(d, copy=True) for d in datas]
+        result = host(MANY_ARRAY_FUNCTIONS[name](make(arrays)))
+        outcomes.append((result, [host(a) for a in arrays]))
+    for result, after in outcomes[1:]:
+        assert result == outcomes[0][0]
+        for got, expected in zip(after, outcomes[0][1], strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_a_gpuscalar_is_a_0d_array_for_global_norm_and_all_finite(xp):
+    """A GPUScalar (a loss, a scalar gradient) counts as a 0-d array, alone or in a list;
+    clip_grad_norm refuses one (it cannot be scaled in place, tests/test_optim.py)."""
+    vector = xp.asarray(np.array([3.0, 4.0]))
+    s = gs.asscalar(-12.0, like=vector)
+    assert host(gs.global_norm(s)) == 12.0 == host(gs.global_norm([s]))
+    assert host(gs.global_norm([vector, s])) == 13.0
+    assert host(gs.global_norm((vector, s), ord=math.inf)) == 12.0
+    assert bool(gs.all_finite(s)) is True and bool(gs.all_finite([vector, s])) is True
+    bad = gs.asscalar(np.nan, like=vector)
+    assert bool(gs.all_finite(bad)) is False and bool(gs.all_finite([vector, bad])) is False
+    with gs.count_syncs() as counter:
+        gs.global_norm(s)
+        gs.all_finite(s)
+    assert counter.count == 0 and counter.device_ops == 1 + 2
+
+
+class _ForeignArray:
+    """An array-like no backend owns (a PyTorch or JAX array): shape and dtype, iterable."""
+
+    shape, dtype = (2,), np.dtype(np.float64)
+
+    def __iter__(self):
+        return iter([np.ones(()), np.ones(())])
+
+
+@pytest.mark.parametrize("name", ["global_norm", "all_finite", "clip_grad_norm"])
+@pytest.mark.parametrize(("bad", "error", "words"), [
+    (3.0, TypeError, r"array, a GPUScalar or an iterable of them, got 3\.0"),
+    (None, TypeError, "iterable of them, got None"),
+    (np.float64(2.0), TypeError, r"got np\.float64\(2\.0\), which is not a NumPy or CuPy array"),
+    (_ForeignArray(), TypeError, r"got a tests\._ForeignArray of shape \(2,\) and "
+                                 "dtype float64, which is not a NumPy or CuPy array"),
+    ("abc", TypeError, "iterable of them, got 'abc'"),
+    ({"w": np.ones(3)}, TypeError, r"got a dict \(pass its \.values\(\)\)"),
+    ([], ValueError, "needs at least one .*array, got an empty list"),
+    ((a for a in ()), ValueError, "needs at least one .*array, got an empty generator"),
+], ids=["float", "none", "numpy-scalar", "foreign-array", "str", "dict", "empty", "empty-gen"])
+def test_what_is_neither_an_array_nor_arrays_is_named(name, bad, error, words):
+    function = getattr(gs, name)
+    args = (bad, 1.0) if name == "clip_grad_norm" else (bad,)
+    with pytest.raises(error, match=rf"gpuscalar\.{name}\(\).*{words}"):
+        function(*args)
+
+
+def test_global_norm_and_all_finite_name_the_bad_item():
+    from gpuscalar import strict
+
+    with pytest.raises(TypeError, match=r"global_norm\(\): arrays\[1\] must be a NumPy or "
+                                        r"CuPy array or a GPUScalar, got list"):
+        gs.global_norm([np.ones(2), [1.0]])
+    with pytest.raises(TypeError, match=r"global_norm\(\): arrays\[1\] is a strict array but "
+                                        r"arrays\[0\] is numpy"):
+        gs.global_norm([np.ones(2), strict.xp.ones(2)])
+    with pytest.raises(TypeError, match=r"all_finite\(\): arrays\[1\] must be a numpy array, "
+                                        "got a strict one"):
+        gs.all_finite([np.ones(2), strict.xp.ones(2)])
+    with pytest.raises(TypeError, match=r"global_norm\(\) cannot reduce arrays\[1\], an array "
+                                        "of dtype timedelta64"):
+        gs.global_norm([np.ones(2), np.array([1], dtype="timedelta64[s]")])
+    with pytest.raises(TypeError, match=r"global_norm\(\) cannot reduce arrays, an array of "
+                                        "dtype object"):
+        gs.global_norm(np.array([1.0], dtype=object))
+    with strict.device(1):
+        elsewhere = strict.xp.ones(2)
+    for function in (gs.global_norm, gs.all_finite):
+        with pytest.raises(ValueError, match=r"arrays\[1\] is on device 1 but arrays\[0\] on 0"):
+            function([strict.xp.ones(2), elsewhere])
+
+
+# ---- global_norm(arrays, ord) == numpy.linalg.norm(numpy.concatenate(...), ord) ---------------
+
+#: Every kind of ord global_norm takes: NumPy's named vector norms and other p, negative too.
+ORDS = [2, 1, math.inf, -math.inf, 0, 3, 0.5, -1, -2.5, None]
+NORM_DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.bool_, np.complex64,
+               np.complex128]
+#: Element values: small (no float16 overflow for any ord above, with the sizes drawn below),
+#: zeros for ord=0 and negative p, and non-finite values for the inexact dtypes.
+FINITE_VALUES = [0.0, 0.5, -1.0, 2.0, -3.0, 1.25, -0.75, 2.5]
+NON_FINITE = [np.nan, np.inf, -np.inf]
+
+
+def _concatenation_norm(datas, ord):
+    """What global_norm must equal: NumPy's norm of every element, concatenated."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** -p, inf - inf: NumPy's values
+        return np.linalg.norm(np.concatenate([d.ravel() for d in datas]), ord)
+
+
+@st.composite
+def _arrays_for_norm(draw):
+    """1 to 12 arrays (over 8: gathered in chunks), 0-d or up to 3-D with empty axes, of one
+    dtype or mixed (float16 among float64, int8 among float32, bool, complex ...)."""
+    count = draw(st.integers(1, 12))
+    one = draw(st.sampled_from(NORM_DTYPES))
+    mixed = draw(st.booleans())
+    datas = []
+    for _ in range(count):
+        dtype = np.dtype(draw(st.sampled_from(NORM_DTYPES)) if mixed else one)
+        values = FINITE_VALUES + (NON_FINITE if dtype.kind in "fc" and draw(st.booleans()) else [])
+        shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+        data = draw(hnp.arrays(np.float64, shape, elements=st.sampled_from(values)))
+        datas.append((data * (1 - 0.5j) if dtype.kind == "c" else data).astype(dtype))
+    return datas
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # xp: a module
+@given(datas=_arrays_for_norm(), ord=st.sampled_from(ORDS))
+def test_global_norm_is_the_norm_of_the_concatenation(xp, datas, ord):
+    """Value and dtype of ``numpy.linalg.norm(numpy.concatenate([a.ravel() ...]), ord)`` for
+    every ord. Bit for bit on NumPy and the strict device where the reduction order is the
+    same: ``inf``, ``-inf`` and ``0`` (a maximum, a minimum, a count) always, and one array
+    for every ord but 2 (NumPy's ``linalg.norm`` of a vector takes a ``dot`` there). Otherwise
+    (per-array norms combined, or CuPy's order of summation) within the stated tolerance
+    ``rtol = 8 * eps(dtype) / min(1, |p|)`` (a root 1/p of a sum amplifies its rounding)."""
+    try:
+        expected = _concatenation_norm(datas, ord)
+    except ValueError:  # the minimum of no elements (ord=-inf)
+        assert ord == -math.inf and all(d.size == 0 for d in datas)
+        with pytest.raises(ValueError, match="no elements"):
+            gs.global_norm([xp.asarray(d) for d in datas], ord=ord)
+        return
+    arrays = [xp.asarray(d) for d in datas]
+    with gs.count_syncs() as counter, np.errstate(divide="ignore", invalid="ignore"):
+        total = gs.global_norm(arrays, ord=ord)
+    assert counter.count == 0
+    assert isinstance(total, gs.GPUScalar) and total.dtype == expected.dtype
+    got = host(total)
+    p = 2 if ord is None else ord
+    exact = p in (math.inf, -math.inf, 0) or (len(datas) == 1 and p != 2)
+    got = np.asarray(got, expected.dtype)  # (a Python float from the device: its exact value)
+    if exact and backend_name(xp) != "cupy":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        rtol = 8 * float(np.finfo(expected.dtype).eps) / min(1.0, abs(p))
+        np.testing.assert_allclose(got, expected, rtol=rtol)
+
+
+@pytest.mark.parametrize("ord", [
+    "fro", "nuc", "inf", float("nan"), np.nan, True, np.bool_(False), 1j, [2], (1, 2)],
+    ids=["fro", "nuc", "str-inf", "nan", "np-nan", "True", "np-bool", "complex", "list", "tuple"])
+def test_global_norm_refuses_an_unsupported_ord_by_name(xp, ord):
+    """A ValueError naming the ord, before any device work (NumPy would give nan for nan, the
+    1-norm for True)."""
+    arrays = [xp.ones(3), xp.ones(2)]
+    with gs.count_syncs() as counter, pytest.raises(
+            ValueError, match=r"global_norm\(\): unsupported ord .*a real number p"):
+        gs.global_norm(arrays, ord=ord)
+    assert counter.device_ops == 0
+
+
+def test_global_norm_refuses_a_gpuscalar_ord_without_reading_it():
+    with gs.sync_guard("error"), pytest.raises(
+            ValueError, match="unsupported ord a GPUScalar of dtype float64 .*would be a sync"):
+        gs.global_norm([np.ones(3)], ord=gs.asscalar(2.0))
+
+
+def test_global_norm_ord_none_is_2_and_numpy_real_types_are_taken(xp):
+    arrays = [xp.asarray(np.array([3.0])), xp.asarray(np.array([[4.0]]))]
+    assert host(gs.global_norm(arrays, ord=None)) == 5.0 == host(gs.global_norm(arrays))
+    assert host(gs.global_norm(arrays, ord=np.float32(1.0))) == 7.0
+    assert host(gs.global_norm(arrays, ord=np.int64(0))) == 2.0
+
+
+@pytest.mark.parametrize("ord", [math.inf, -math.inf])
+def test_global_norm_of_arrays_with_no_elements_for_max_and_min(xp, ord):
+    """Arrays with no elements add nothing to a maximum or minimum (CuPy refuses the max of an
+    empty array; global_norm never asks it): no elements at all is 0 for ``inf``, as NumPy gives,
+    and a ValueError for ``-inf``, as NumPy raises."""
+    empty, values = xp.zeros((0, 3)), xp.asarray(np.array([-2.0, 0.5]))
+    expected = 2.0 if ord > 0 else 0.5
+    with gs.count_syncs() as counter:
+        total = gs.global_norm([empty, values, empty], ord=ord)
+    assert counter.count == 0 and counter.device_ops == 1  # the empty arrays cost nothing
+    assert host(total) == expected
+    assert host(gs.global_norm([values, empty[:, :0]], ord=ord)) == expected
+    if ord > 0:
+        total = gs.global_norm([empty, xp.zeros(0, dtype=np.float32)], ord=ord)
+        assert total.dtype == np.float64 and host(total) == 0.0
+        assert np.linalg.norm(np.zeros(0), ord) == 0.0
+    else:
+        with pytest.raises(ValueError, match=r"ord=-inf\): the arrays have no elements"):
+            gs.global_norm([empty, empty], ord=ord)
+        with pytest.raises(ValueError):
+            np.linalg.norm(np.zeros(0), ord)
+
+
+@pytest.mark.parametrize(("dtypes", "converted"), [
+    ((np.float32, np.float32), 0), ((np.float32, np.float64), 1), ((np.float16, np.float64), 1),
+    ((np.int8, np.float32), 1), ((np.int8, np.int32), 0), ((np.complex64, np.float32), 0),
+    ((np.complex64, np.float64), 1), ((np.float32, np.float64, np.float32), 2)])
+def test_global_norm_converts_only_arrays_whose_norm_has_another_dtype(xp, dtypes, converted):
+    """As the concatenation converts each array to the common dtype, an array whose own norm
+    would have another dtype than the result is converted first: one op each (none when all
+    norms share the result's dtype: int8 and int32 norms are both float64)."""
+    arrays = [xp.asarray(np.arange(1, 4).astype(d)) for d in dtypes]
+    with gs.count_syncs() as counter:
+        total = gs.global_norm(arrays)
+    assert counter.device_ops == converted + len(arrays) + 1 + 1  # + norms, stack, norm
+    expected = _concatenation_norm([host(a) for a in arrays], 2)
+    assert total.dtype == expected.dtype
+    assert host(total) == pytest.approx(float(expected), rel=1e-6)
+
+
+# ---- the single-array path through CuPy's real dispatch (fake memory, recording seam) --------
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize("shape", [(1000,), (10, 100), ()])
+def test_a_single_cupy_array_is_one_array_through_cupys_dispatch(shape):
+    """On real ``cupy.ndarray``s over fake memory, each launch checked against CuPy itself
+    (`tests.cupy_seam.RecordingSeam`): ``f(x)`` launches exactly what ``f([x])`` launches
+    (one norm; isfinite and all; a norm and the clip's multiply), never one per element, and
+    copies nothing from the host."""
+    from tests.cupy_fake import cupy_or_fail, fake_memory, host_view
+    from tests.cupy_seam import recording
+
+    cupy_or_fail()
+    data = np.linspace(-3.0, 5.0, math.prod(shape)).reshape(shape)
+    # lazy: clip's coefficient is then computed inside the multiply's kernel, a launch through
+    # the seam (eager GPUScalar arithmetic calls CuPy's ufuncs itself, past the seam)
+    with gs.lazy(True), fake_memory() as memory, recording(memory) as seam:
+        for name, function in MANY_ARRAY_FUNCTIONS.items():
+            launched = []
+            for argument in (lambda x: x, lambda x: [x]):
+                x = seam.array(data)
+                seam.clear()
+                result = function(argument(x))
+                assert isinstance(result, gs.GPUScalar)
+                launched.append([(launch.kind, launch.name) for launch in seam.launches])
+                assert not seam.uploads and not seam.reads, name
+                if name.startswith("global_norm"):  # cupy.linalg.norm, computed by the seam
+                    ord = math.inf if name.endswith("inf") else 2
+                    assert float(result) == pytest.approx(np.linalg.norm(data.ravel(), ord))
+                    seam.clear()
+                elif name == "all_finite":
+                    assert bool(result) is True
+                    seam.clear()
+                else:
+                    assert host_view(x).shape == shape
+            assert launched[0] == launched[1], name
+            assert len(launched[0]) == (2 if name in ("all_finite", "clip_grad_norm") else 1)
