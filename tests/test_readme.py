@@ -269,3 +269,22 @@ def test_ci_run_says_what_it_does_before_deleting_the_venv():
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     before = script[:script.index("rm -rf .venv")]
     assert re.search(r"^echo .*\.venv", before, re.M)
+
+
+def test_without_the_cuda_extra_cupy_tests_skip_and_under_ci_they_fail(monkeypatch):
+    """Section 1's promise: a test marked ``needs_cupy`` skips where CuPy cannot be imported,
+    saying so, and fails under ``CI=true`` (tests/conftest.py)."""
+    import types
+
+    from tests import conftest
+
+    item = types.SimpleNamespace(get_closest_marker=lambda name: name == "needs_cupy" or None)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="CuPy is not installed"):
+        conftest.pytest_runtest_setup(item)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CuPy must be importable in CI"):
+        conftest.pytest_runtest_setup(item)
+    unmarked = types.SimpleNamespace(get_closest_marker=lambda name: None)
+    conftest.pytest_runtest_setup(unmarked)  # nothing else is affected
