@@ -37,9 +37,7 @@ where it matters:
   floating arrays (``@``, ``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``: cuBLAS in
   CuPy) is CuPy's ``NotImplementedError``, `CUBLAS_CAPTURE_MESSAGE`. A 0-d array made from a
   Python number is allowed there, as in CuPy (a fill kernel with the value as its argument);
-- ``xp.random.default_rng(seed)`` is ``cupy.random.default_rng``: a `Generator` with the methods
-  of CuPy's (not NumPy's ``normal``, ``choice``, ``permutation``...) drawing strict arrays
-  (NumPy's values for the seed, not cuRAND's), one device op per draw.
+- ``xp.random.default_rng`` is CuPy's, drawing strict arrays (`gpuscalar.strict_random`).
 
 One implementation serves three purposes: the tests (the ``xp`` fixture runs every
 backend-parametrized test on it), promotion rules 4 and 5 (several devices), and the counts of
@@ -61,6 +59,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import sync
 from .backend import Backend, register_backend
+from .strict_random import Generator, default_rng_on
 
 __all__ = ["StrictArray", "StrictBackend", "STRICT", "Device", "xp", "device", "IMPLICIT_MESSAGE",
            "H2D_CAPTURE_MESSAGE", "CUBLAS_CAPTURE_MESSAGE", "FILL_MESSAGE"]
@@ -194,6 +193,11 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
+
+
+def _draw(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """A random draw (`gpuscalar.strict_random`): a strict array, 0-d for a number, as CuPy's."""
+    return _call(lambda *raw, **named: np.asarray(function(*raw, **named)), args, kwargs)
 
 
 def _refuse_implicit(*_: Any, **__: Any) -> Any:
@@ -721,88 +725,6 @@ def asnumpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-# ---- random numbers (``xp.random.default_rng``) ------------------------------------------------
-
-#: The methods of ``cupy.random.Generator`` (CuPy 14.2), the only ones a strict `Generator` has:
-#: NumPy's ``normal``, ``choice``, ``permutation``, ``shuffle``... are not on CuPy's.
-GENERATOR_METHODS = (
-    "beta", "binomial", "chisquare", "dirichlet", "exponential", "f", "gamma", "geometric",
-    "hypergeometric", "integers", "logseries", "poisson", "power", "random",
-    "standard_exponential", "standard_gamma", "standard_normal", "uniform",
-)
-#: Methods whose ``dtype`` CuPy takes and NumPy's Generator does not: cast after the draw.
-_DTYPE_CAST_AFTER = frozenset({"beta", "uniform"})
-
-
-class Generator:
-    """``cupy.random.Generator`` on the strict device: NumPy's generator, drawing strict arrays.
-
-    Each draw is one device op (CuPy launches one kernel or a few) and returns a strict array on
-    the operands' device or the current one: 0-d for ``size=None``, as CuPy returns, never a
-    Python number. Parameters are numbers or strict arrays (a host NumPy array is refused, as
-    everywhere on this device); ``out=`` is filled in place and returned. The values are those of
-    NumPy's generator for the seed (cuRAND's differ). Made by ``xp.random.default_rng``.
-    """
-
-    __slots__ = ("_numpy",)
-
-    def __init__(self, numpy_generator: np.random.Generator) -> None:
-        self._numpy = numpy_generator
-
-    @property
-    def bit_generator(self) -> np.random.BitGenerator:
-        return self._numpy.bit_generator
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or not hasattr(np.random.Generator, name):
-            raise AttributeError(f"'Generator' object has no attribute {name!r}")
-        raise AttributeError(
-            f"cupy.random.Generator has no method {name!r} (CuPy 14 has only "
-            f"{', '.join(GENERATOR_METHODS)}); the legacy function xp.random.{name}, or "
-            "loc + scale * standard_normal(...) for normal, may serve"
-        )
-
-    def __repr__(self) -> str:
-        return f"<strict Generator over {self._numpy!r}>"
-
-
-def _draw(name: str) -> Callable[..., Any]:
-    cast_after = name in _DTYPE_CAST_AFTER
-
-    def method(self: Generator, *args: Any, **kwargs: Any) -> Any:
-        dtype = kwargs.pop("dtype", None) if cast_after else None
-        out = kwargs.get("out")
-        operands = _Operands()
-        raw_args, raw_kwargs = operands.unwrap(args), operands.unwrap(kwargs)
-        with _DeviceWork():
-            data = np.asarray(getattr(self._numpy, name)(*raw_args, **raw_kwargs))
-            if dtype is not None:
-                data = data.astype(dtype, copy=False)
-        return out if out is not None else _wrap(data, operands.result_device())
-
-    method.__name__ = name
-    method.__doc__ = f"``cupy.random.Generator.{name}`` on the strict device (one device op)."
-    return method
-
-
-for _name in GENERATOR_METHODS:
-    setattr(Generator, _name, _draw(_name))
-del _name
-
-
-def default_rng(seed: Any = None) -> Generator:
-    """``cupy.random.default_rng``: a strict `Generator` (NumPy's for ``seed``); a `Generator`
-    is returned as it is. Setting up the generator's state is one device op, as in CuPy.
-
-    Not modelled yet: CuPy refuses ``cupy.random`` while its stream captures, so a draw inside a
-    captured step's or loop's body (`gpuscalar.sync.in_graph_body`) fails on a GPU, but not
-    here (a separate issue will make the strict device refuse it there)."""
-    if type(seed) is Generator:
-        return seed
-    with _DeviceWork():
-        return Generator(np.random.default_rng(seed))
-
-
 #: The strict device's array namespace: ``xp.asarray``, ``xp.zeros``, ``xp.sqrt``, ``xp.linalg``.
 xp = _Namespace(np)
 xp.__dict__.update(
@@ -813,7 +735,7 @@ xp.__dict__.update(
     Device=device,
 )
 xp.linalg.__dict__["norm"] = _linalg_norm
-xp.random.__dict__.update(default_rng=default_rng, Generator=Generator)
+xp.random.__dict__.update(default_rng=default_rng_on(_draw), Generator=Generator)
 
 
 # ---- the backend -----------------------------------------------------------------------------

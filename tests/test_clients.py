@@ -48,6 +48,8 @@ from gpuscalar import strict
 from .clients import minres_cupyx, rosenbrock
 from .helpers import backend_name, host
 
+pytestmark = pytest.mark.needs_cupy  # count_syncs(include_cupy=True) imports CuPy's syncdetect
+
 
 @pytest.fixture(params=("strict", "cupy"))
 def counted_xp(request: pytest.FixtureRequest) -> Any:

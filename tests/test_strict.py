@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import strict, sync
+from gpuscalar import strict, strict_random, sync
 from gpuscalar.strict import xp
 
 from .helpers import host
@@ -692,4 +692,4 @@ def test_the_method_list_is_cupys():
     import cupy
 
     public = {n for n in dir(cupy.random.Generator) if not n.startswith("_")}
-    assert set(strict.GENERATOR_METHODS) == public - {"bit_generator"}
+    assert set(strict_random.GENERATOR_METHODS) == public - {"bit_generator"}
