@@ -7,6 +7,7 @@ module that owns the feature and exposes ``main(argv) -> int``.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -25,7 +26,35 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def stdout_closed_by_reader() -> None:
+    """The reader of stdout has gone (``gpuscalar ... | head``): what Python's documentation
+    advises for EPIPE. Standard output is pointed at the null device, so the flush at exit
+    cannot fail again with a second traceback; the caller then exits with status 1. Where
+    stdout is no file descriptor (captured in a test), nothing is redirected."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``gpuscalar COMMAND ARGS...``; its exit status. A reader that closes the output
+    early (``| head``) ends the command quietly with status 1 (no BrokenPipeError traceback)."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_closed_by_reader()
+        return 1
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage())

@@ -6,8 +6,18 @@ them write into the same per-context counters. Keeping the counters and marks he
 that imports nothing of gpuscalar's, lets every layer above write to them without an import
 circle (the backends below `sync`, which reads through them).
 
-State lives in `contextvars` (per thread and per asyncio task, restored on exit), except two
-process-wide totals (graph replays, recordings under way) kept under locks.
+State lives in `contextvars` (per thread and per asyncio task, restored on exit), except the
+counters that see every thread (`listen_everywhere`, what `gpuscalar profile` and the pytest
+plugin use: a thread started inside their block is seen too) and two process-wide totals (graph
+replays, recordings under way), kept under locks.
+
+How a counter that sees every thread stays cheap for everyone: the process-wide counters live in
+one list, `_all_threads`, which is also the *default* value of the context variable of active
+counters. In a context with no counter of its own, ``_active_counters.get()`` (one C call, what
+`counting` is) returns that list: empty, so false, while nobody listens anywhere; non-empty as
+soon as a process-wide counter is active, in every thread at once, with no per-thread set-up.
+A context with counters of its own holds a tuple of those only; `counters_here` adds the
+process-wide ones. So "is anybody counting here?" stays a single C call on every hot path.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import contextlib
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +36,10 @@ __all__ = [
     "SyncSite",
     "SyncCounter",
     "counting",
+    "counters_here",
+    "own_counters",
+    "listen_in_this_context",
+    "listen_everywhere",
     "note_device_op",
     "one_device_op",
     "inside_device_op",
@@ -162,22 +176,93 @@ def _short_path(filename: str) -> str:
     return filename if relative.startswith(os.pardir) else relative
 
 
-_active_counters: ContextVar[tuple[SyncCounter, ...]] = ContextVar(
-    "gpuscalar_sync_counters", default=()
+class _AllThreads(list[SyncCounter]):
+    """The counters that see every thread: mutated in place under `_all_threads_lock`, read
+    without it (``tuple(...)`` is one atomic copy). A list subclass whose truth test is still
+    C's (see the module docstring); it compares equal to the tuple of its counters, the form a
+    context's own value has (``_active_counters.get() == ()``: nobody counts here)."""
+
+    __slots__ = ()
+    __hash__ = None
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is tuple:
+            return tuple(self) == other
+        return list.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+
+_all_threads = _AllThreads()
+_all_threads_lock = threading.Lock()
+#: The counters active in this context (a tuple, innermost last), or, where none is,
+#: `_all_threads` itself: see the module docstring.
+_active_counters: ContextVar[Sequence[SyncCounter]] = ContextVar(
+    "gpuscalar_sync_counters", default=_all_threads
 )
-#: Truthy while any counter is active in this context (a C call; the hot path inlines it).
+#: Truthy while any counter sees this context: one of its own, or one that sees every thread
+#: (a C call; hot paths inline it).
 counting = _active_counters.get
+
+
+def own_counters() -> tuple[SyncCounter, ...]:
+    """The counters of this context only (`count_syncs` blocks), innermost last."""
+    counters = _active_counters.get()
+    return () if counters is _all_threads else tuple(counters)
+
+
+def counters_here() -> tuple[SyncCounter, ...]:
+    """Every counter that sees this context: its own, then those that see every thread."""
+    counters = _active_counters.get()
+    if counters is _all_threads:
+        return tuple(counters)
+    if _all_threads:
+        return (*counters, *_all_threads)
+    return tuple(counters)
+
+
+@contextlib.contextmanager
+def listen_in_this_context(counter: SyncCounter) -> Iterator[SyncCounter]:
+    """Make ``counter`` active in this context (thread / asyncio task) for the block."""
+    token = _active_counters.set((*own_counters(), counter))
+    try:
+        yield counter
+    finally:
+        _active_counters.reset(token)
+
+
+@contextlib.contextmanager
+def listen_everywhere(counter: SyncCounter) -> Iterator[SyncCounter]:
+    """Make ``counter`` see every thread of the process for the block (threads started inside
+    it and threads already running), registered under a lock."""
+    with _all_threads_lock:
+        _all_threads.append(counter)
+    try:
+        yield counter
+    finally:
+        with _all_threads_lock:
+            for i, active in enumerate(_all_threads):
+                if active is counter:  # by identity: two empty counters compare equal
+                    del _all_threads[i]
+                    break
 #: How many `one_device_op` blocks enclose the current code (their inner ops are not counted).
 _op_depth: ContextVar[int] = ContextVar("gpuscalar_device_op_depth", default=0)
 
 
 def note_device_op() -> None:
-    """Count one device operation in every active counter (called by `Backend.call`), unless
-    it runs inside another counted operation (`one_device_op`)."""
-    if _op_depth.get():
+    """Count one device operation in every counter that sees this context (called by
+    `Backend.call`), unless it runs inside another counted operation (`one_device_op`)."""
+    counters = _active_counters.get()
+    if not counters or _op_depth.get():
         return
-    for counter in _active_counters.get():
-        counter.device_ops += 1
+    if counters is not _all_threads:
+        for counter in counters:
+            counter.device_ops += 1
+    if _all_threads:
+        with _all_threads_lock:  # (+= is a read and a write: other threads count too)
+            for counter in _all_threads:
+                counter.device_ops += 1
 
 
 class one_device_op:  # noqa: N801 - used like a function: ``with one_device_op():``

@@ -5,10 +5,17 @@ that no functional test notices. With this plugin a test states its budget and f
 report of where the syncs came from when it is exceeded:
 
 - fixture ``sync_counter``: a `SyncCounter` that counts the syncs and device ops of the test's
-  body (the call phase; fixture set-up and tear-down are not counted);
+  body (the call phase; fixture set-up and tear-down are not counted), in every thread: a worker
+  thread the test starts is counted too, at the worker's line;
 - marker ``@pytest.mark.max_syncs(n)``: fail the test when its body makes more than ``n`` syncs;
 - option ``--gpuscalar-report``: a terminal summary of the session's syncs (test bodies), by
   test and by call site.
+
+The syncs counted are gpuscalar's own reads (as ``count_syncs()`` counts them), on every
+backend alike; the array library's own reads (``x.get()``, ``cupy.asnumpy``, ...), which a test
+makes to check its results, are not part of a budget. While a test body runs, its counter sees
+every thread of the process (``count_syncs(all_threads=True)``), so a thread still running from
+an earlier test is counted too: join the threads a test starts.
 
 Disable it with ``-p no:gpuscalar``.
 """
@@ -60,7 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def sync_counter(request: pytest.FixtureRequest) -> sync.SyncCounter:
-    """A `SyncCounter` active for the test's body: ``.count``, ``.device_ops``, ``.records``."""
+    """A `SyncCounter` active for the test's body: ``.count``, ``.device_ops``, ``.records``.
+
+    It counts in every thread (a worker the test starts included), at each sync's own line."""
     counter = sync.SyncCounter()
     request.node.stash[_COUNTER_KEY] = counter
     return counter
@@ -103,7 +112,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if counter is None:
         counter = sync.SyncCounter()
     try:
-        with sync._activate(counter):
+        with sync._activate(counter, all_threads=True):
             result = yield
     finally:
         if session is not None:

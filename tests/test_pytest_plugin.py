@@ -144,9 +144,8 @@ def test_session_report(pytester):
         pytester,
         """
 def test_two():
-    s = gs.sum(np.ones(3))
-    float(s)
-    bool(s > 2)  # the second sync
+    float(gs.sum(np.ones(3)))
+    bool(gs.sum(np.ones(3)) > 2)  # the second sync (of a value never read: 2 device ops)
 
 def test_none():
     gs.sum(np.ones(3))
@@ -160,11 +159,11 @@ def test_one(sync_counter):
     result.stdout.fnmatch_lines(
         [
             "*gpuscalar sync report*",
-            "3 syncs, 4 device ops in the bodies of 3 tests",
+            "3 syncs, 5 device ops in the bodies of 3 tests",
             "tests with the most syncs:",
             "      2  test_inner.py::test_two",
             "      1  test_inner.py::test_one",
-            "gpuscalar: 3 syncs, 4 device ops",
+            "gpuscalar: 3 syncs, 5 device ops",
             "*count  site*function*reason",
         ]
     )
@@ -204,3 +203,58 @@ def test_session_report_says_test_for_one_test(pytester):
     result = pytester.runpytest("--gpuscalar-report")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["1 sync, 1 device op in the bodies of 1 test"])
+
+
+def test_syncs_in_threads_the_test_starts_are_counted_at_their_line(pytester):
+    _write(
+        pytester,
+        """
+import threading
+
+def work():
+    float(gs.sum(np.ones(3)))  # the worker's sync
+
+def run_workers(n):
+    workers = [threading.Thread(target=work) for _ in range(n)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+def test_counter(sync_counter):
+    run_workers(2)
+    assert sync_counter.count == 2 and sync_counter.device_ops == 2
+    assert {r.function for r in sync_counter.records} == {"work"}
+
+@pytest.mark.max_syncs(1)
+def test_budget():
+    run_workers(2)
+""",
+    )
+    result = pytester.runpytest("--gpuscalar-report")
+    result.assert_outcomes(passed=1, failed=1)
+    line = _line_of(pytester, "the worker's sync")
+    result.stdout.fnmatch_lines(
+        [
+            "*2 gpuscalar syncs in the test body, more than max_syncs(1)",
+            f"*2  test_inner.py:{line}  work      float",
+        ]
+    )
+    result.stdout.fnmatch_lines(["4 syncs, 4 device ops in the bodies of 2 tests"])
+
+
+def test_library_reads_are_not_part_of_a_budget(pytester):
+    _write(
+        pytester,
+        """
+from gpuscalar.strict import xp
+
+@pytest.mark.max_syncs(1)
+def test_checks_its_result(sync_counter):
+    x = xp.arange(3.0)
+    assert float(gs.sum(x)) == 3.0  # gpuscalar's read: the budget's
+    assert x.get().tolist() == [0.0, 1.0, 2.0]  # the test's own check of its result
+    assert sync_counter.count == 1
+""",
+    )
+    pytester.runpytest().assert_outcomes(passed=1)

@@ -149,7 +149,7 @@ def test_records_point_at_the_users_frame():
     with gs.count_syncs() as counter:
         line = _next_line()
         f"{s:.2f}"  # noqa: B018
-        _read_in_helper(s > 1)
+        _read_in_helper(gs.sum(np.ones(2)) > 1)
     first, second = counter.records
     assert (first.reason, first.filename, first.lineno, first.function) == (
         "format",
@@ -174,6 +174,222 @@ def test_caller_site_is_the_first_frame_outside_gpuscalar():
         line,
         "test_caller_site_is_the_first_frame_outside_gpuscalar",
     )
+
+
+def test_a_read_that_numpy_makes_for_the_user_is_recorded_at_the_users_line():
+    # NumPy's Python code (fromnumeric.py, _methods.py) calls __array__: not the user's line.
+    s, t = gs.sum(np.ones(3)), gs.sum(np.ones(2))
+    with gs.count_syncs() as counter:
+        line = _next_line()
+        mean = np.mean([s])
+        rounded = np.round(t, 1)
+    assert (mean, rounded) == (3.0, 2.0)
+    assert [(r.reason, r.filename, r.lineno) for r in counter.records] == [
+        ("__array__", __file__, line),
+        ("__array__", __file__, line + 1),
+    ]
+    numpy_dir = os.path.dirname(np.__file__)
+    assert not any(r.filename.startswith(numpy_dir) for r in counter.records)
+
+
+# ---- nobody listening: no frame walk, no record --------------------------------------------
+@pytest.fixture
+def no_listener():
+    """Skip where a counter listens to every thread (pytest --gpuscalar-report does, around
+    each test body): a process-wide listener is exactly what these tests must not have."""
+    if sync._active_counters.get():
+        pytest.skip("a counter that sees every thread is active (--gpuscalar-report?)")
+
+
+def _frame_walk_forbidden(*args, **kwargs):
+    raise AssertionError("a frame walk (or a record) while nobody listens")
+
+
+def test_a_read_with_nobody_listening_walks_no_frame_and_builds_no_record(
+    no_listener, monkeypatch
+):
+    monkeypatch.setattr(sync, "_user_frame", _frame_walk_forbidden)
+    monkeypatch.setattr(sync, "SyncRecord", _frame_walk_forbidden)
+    x = np.arange(4.0)
+    before = gs.total_syncs()
+    with gs.sync_guard("allow"):  # (whatever GPUSCALAR_SYNC_GUARD says)
+        assert float(gs.sum(x)) == 6.0
+        assert bool(gs.sum(x) * 2 > 1)  # a pending expression: evaluated, then read
+        s = gs.GPUScalar(strict.xp.asarray(2.5))
+        assert float(s) == 2.5
+    assert gs.total_syncs() == before + 3  # the process total still counts every read
+    # The patched functions are the ones a listened-to read calls (so the above could fail):
+    with gs.count_syncs(), pytest.raises(AssertionError, match="frame walk"):
+        float(gs.sum(x))
+    with gs.sync_guard("warn"), pytest.raises(AssertionError, match="frame walk"):
+        float(gs.sum(x))
+
+
+def test_the_strict_devices_own_reads_walk_no_frame_with_nobody_listening(
+    no_listener, monkeypatch
+):
+    monkeypatch.setattr(sync, "_user_frame", _frame_walk_forbidden)
+    x = strict.xp.arange(3.0)
+    with gs.sync_guard("allow"):
+        assert x.get()[2] == 2.0 and float(x[1]) == 1.0
+    with gs.count_syncs(include_cupy=True), pytest.raises(AssertionError, match="frame walk"):
+        x.get()
+
+
+def test_total_syncs_counts_reads_of_every_thread_exactly(no_listener):
+    threads, per_thread = 8, 200
+    start = threading.Barrier(threads)
+
+    def work():
+        start.wait(10)
+        for _ in range(per_thread):
+            float(gs.sum(np.ones(2)))
+
+    before = gs.total_syncs()
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+    finally:
+        sys.setswitchinterval(previous)
+    assert gs.total_syncs() == before + threads * per_thread
+
+
+# ---- counters that see every thread ---------------------------------------------------------
+def _in_a_thread(target) -> None:
+    worker = threading.Thread(target=target)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+
+
+def _worker_read():
+    float(gs.sum(np.ones(3)))  # a worker's read
+
+
+def test_all_threads_counter_sees_a_thread_started_inside_and_the_default_does_not():
+    with gs.count_syncs() as own, gs.count_syncs(all_threads=True) as everywhere:
+        _in_a_thread(_worker_read)
+        line = _next_line()
+        float(gs.sum(np.ones(2)))
+    worker_line = inspect.getsourcelines(_worker_read)[1] + 1
+    assert [(r.reason, r.lineno, r.function) for r in everywhere.records] == [
+        ("float", worker_line, "_worker_read"),
+        ("float", line, "test_all_threads_counter_sees_a_thread_started_inside_and_the_default_"
+                        "does_not"),
+    ]
+    assert everywhere.device_ops == 2  # the worker's gs.sum and ours
+    assert [r.lineno for r in own.records] == [line] and own.device_ops == 1
+    assert sync._active_counters.get() == ()  # nothing left registered
+
+
+def test_all_threads_counter_sees_threads_already_running():
+    started, counting, done = threading.Event(), threading.Event(), threading.Event()
+
+    def worker():
+        started.set()
+        counting.wait(10)
+        _worker_read()
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert started.wait(10)
+    with gs.count_syncs(all_threads=True) as everywhere:
+        counting.set()
+        assert done.wait(10)
+    thread.join(10)
+    assert everywhere.count == 1 and everywhere.records[0].function == "_worker_read"
+
+
+def test_all_threads_counter_sees_library_syncs_of_other_threads():
+    x = strict.xp.arange(3.0)
+
+    def worker():
+        x.get()  # the strict device's own read, in a worker
+
+    with gs.count_syncs(include_cupy=True, all_threads=True) as everywhere:
+        with gs.count_syncs(all_threads=True) as gpuscalar_only:
+            _in_a_thread(worker)
+    assert [(r.reason, r.function) for r in everywhere.records] == [("cupy", "worker")]
+    assert gpuscalar_only.count == 0
+
+
+def test_a_read_seen_by_both_kinds_of_counter_is_recorded_once_in_each():
+    with gs.count_syncs(all_threads=True) as outer, gs.count_syncs() as inner:
+        with gs.count_syncs(all_threads=True) as innermost:
+            float(gs.sum(np.ones(2)))
+    assert outer.count == inner.count == innermost.count == 1
+    assert outer.device_ops == inner.device_ops == innermost.device_ops == 1
+
+
+def test_the_guard_stays_per_thread_under_an_all_threads_counter():
+    errors: list[BaseException] = []
+
+    def worker():  # no guard in this thread: its read is allowed, and counted
+        try:
+            _worker_read()
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            errors.append(error)
+
+    with gs.count_syncs(all_threads=True) as everywhere, gs.sync_guard("error"):
+        _in_a_thread(worker)
+        with pytest.raises(gs.SyncError):
+            float(gs.sum(np.ones(2)))
+    assert errors == [] and everywhere.count == 1
+
+
+def test_all_threads_counter_deregistered_when_the_block_raises():
+    with pytest.raises(KeyError), gs.count_syncs(all_threads=True):
+        raise KeyError("inside")
+    assert sync._active_counters.get() == ()
+    with gs.count_syncs() as later:
+        _in_a_thread(_worker_read)
+    assert later.count == 0
+
+
+def test_all_threads_counters_from_many_threads_at_once(switch_often):
+    """Threads register, read and deregister process-wide counters together: each counter
+    sees at least its own thread's reads, and none is left registered."""
+    threads, rounds = 6, 100
+    start = threading.Barrier(threads)
+    seen: list[int] = []
+
+    def work():
+        start.wait(10)
+        for _ in range(rounds):
+            with gs.count_syncs(all_threads=True) as everywhere:
+                float(gs.sum(np.ones(2)))
+            seen.append(everywhere.count)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert len(seen) == threads * rounds and min(seen) >= 1
+    assert sync._active_counters.get() == ()
+
+
+@pytest.fixture
+def switch_often():
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+@pytest.mark.parametrize("flag", [1, "yes", None])
+def test_all_threads_must_be_a_bool(flag):
+    with pytest.raises(TypeError, match="all_threads"):
+        with gs.count_syncs(all_threads=flag):
+            pass  # pragma: no cover - not reached
 
 
 # ---- device-op counts --------------------------------------------------------------------
@@ -215,10 +431,10 @@ def test_device_ops_are_not_counted_without_a_counter():
 
 # ---- reports -----------------------------------------------------------------------------
 def _three_sites():
-    s = gs.sum(np.ones(4))
+    x = np.ones(4)
     with gs.count_syncs() as counter:
         for _ in range(3):
-            bool(s > 0)  # three bool syncs on one line
+            bool(gs.sum(x) > 0)  # three bool syncs on one line (each of a value never read)
         line_bool = _next_line() - 2
         float(gs.sum(np.ones(2)))
         line_float = _next_line() - 2
@@ -533,17 +749,45 @@ def test_cupy_sync_site_skips_cupy_frames(syncdetect, spy):
     assert counter.records[0].site == f"{__file__}:{line}"
 
 
-def test_include_cupy_without_cupy_is_a_clear_error(syncdetect, monkeypatch):
+def test_include_cupy_without_cupy_counts_the_strict_device_and_hooks_nothing(
+    syncdetect, monkeypatch
+):
     # CuPy (if any) is fully imported by the fixture; now its syncdetect cannot be imported.
     monkeypatch.setitem(sys.modules, "cupy._core.syncdetect", None)
-    before = sync._active_counters.get()
-    with pytest.raises(ImportError, match=r"include_cupy=True\) needs CuPy"):
-        with gs.count_syncs(include_cupy=True):
-            pass  # pragma: no cover - not reached
-    assert sync._active_counters.get() == before and sync._cupy_hook_users == 0
-    with gs.count_syncs() as counter:  # the plain counter is unaffected
-        float(gs.sum(np.ones(1)))
-    assert counter.count == 1
+    meta_path = list(sys.meta_path)
+    x = strict.xp.asarray([1.0, 2.0])
+    with gs.count_syncs(include_cupy=True) as counter:
+        assert sync._cupy_syncdetect is None and sys.meta_path == meta_path  # nothing hooked
+        line = _next_line()
+        x.get()  # the strict device's own read: declared, counted without CuPy
+        float(gs.sum(x))
+    assert [(r.reason, r.lineno) for r in counter.records] == [("cupy", line), ("float", line + 1)]
+    assert sync._cupy_hook_users == 0
+
+
+def test_counting_cupy_does_not_import_it_and_hooks_it_when_imported():
+    """CuPy installed, not imported: ``count_syncs(include_cupy=True)`` imports nothing, and
+    CuPy's syncs are seen once the program imports it (a fresh process, CuPy unimported)."""
+    pytest.importorskip("cupy._core.syncdetect", reason="needs CuPy installed (no GPU needed)")
+    done = _run_python(
+        """
+        import sys
+        import gpuscalar as gs
+        from gpuscalar import sync
+        meta_path = list(sys.meta_path)
+        with gs.count_syncs(include_cupy=True) as counter:
+            assert "cupy" not in sys.modules
+            from cupy._core import syncdetect
+            wrapped = syncdetect._declare_synchronize
+            syncdetect._declare_synchronize()  # line 10: what CuPy declares before a copy
+        assert wrapped is not syncdetect._declare_synchronize  # restored on exit
+        assert sys.meta_path == meta_path and sync._cupy_hook_users == 0
+        print([(r.reason, r.lineno) for r in counter.records])
+        """,
+        None,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[('cupy', 10)]\n"
 
 
 @pytest.mark.parametrize("flag", [1, "yes", None])

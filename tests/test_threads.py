@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import arrays
+from gpuscalar import arrays, reads
 from gpuscalar import scalar as scalar_module
 from gpuscalar.backend import NumpyBackend
 from gpuscalar.lazy import expr
@@ -135,7 +135,9 @@ def second_waits_for_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
     lock = threading.Lock()
 
     def install(name: str, first: bool | None = None) -> None:
-        module = arrays if name == "_fused" else scalar_module  # the array side: gs.arrays
+        # the array side: gs.arrays; a pending scalar's host read: gs.reads
+        module = arrays if name == "_fused" else reads if name == "read_pending" else \
+            scalar_module
         real = getattr(module, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -185,7 +187,7 @@ def test_consuming_a_pending_scalar_another_thread_materializes(second_waits_for
 def test_consuming_while_another_thread_reads(second_waits_for_first):
     """One thread reads the value (materializing it) while another folds it into an array op,
     having looked when it was still pending."""
-    second_waits_for_first("_materialize", first=True)
+    second_waits_for_first("read_pending", first=True)
     second_waits_for_first("_fused", first=False)
     x = np.arange(3.0)
     s, expected = _pending_scalar()
@@ -312,3 +314,21 @@ def test_plan_cache_is_a_bounded_lru():
     finally:
         expr.set_cache_size(previous)
     assert expr.cache_size() == previous
+
+
+def test_stress_an_all_threads_counter_counts_every_read_and_op_exactly(switch_often):
+    """One counter that sees every thread (what `gpuscalar profile` and the pytest plugin use),
+    many threads reading at once: every sync and device op is counted once, at its line."""
+    threads, per_thread = 8, 300
+    start = threading.Barrier(threads)
+    x = np.arange(3.0)
+
+    def work() -> None:
+        start.wait(5)
+        for _ in range(per_thread):
+            float(gs.sum(x))  # one device op, one sync
+
+    with gs.count_syncs(all_threads=True) as everywhere:
+        _run_threads(*[work] * threads)
+    assert everywhere.count == everywhere.device_ops == threads * per_thread
+    assert {(r.function, r.reason) for r in everywhere.records} == {("work", "float")}
