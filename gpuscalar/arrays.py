@@ -18,14 +18,13 @@ import numpy as np
 
 from . import ledger, promote
 from .backend import Backend, backend_of
-from .lazy import expr, fusion
+from .lazy import fusion
 from .lazy.expr import KEEP_NODES, SIZE, Node
 from .operators import _lazy_ufunc
 from .scalar import (
     _MISSING,
     _SCALAR_CLASSES,
     _array_of,
-    _operand_label,
     _wrap,
     register_hooks,
 )
@@ -70,6 +69,19 @@ def _common_backend(operands: tuple[Any, ...]) -> tuple[Backend, bool] | None:
     raise AssertionError("unreachable")
 
 
+def _operand_label(value: Any) -> str:
+    """Describe an operand for an error message without reading any device value."""
+    if type(value) in _SCALAR_CLASSES:
+        return f"GPUScalar({value.dtype}, backend={value.backend.name}, device={value.device!r})"
+    backend = backend_of(value)
+    if backend is not None:
+        return (
+            f"{backend.name} array(shape={value.shape}, dtype={value.dtype}, "
+            f"device={backend.device_of(value)!r})"
+        )
+    return type(value).__name__
+
+
 def _check_devices(backend: Backend, operands: tuple[Any, ...]) -> None:
     """Rule 5 for one multi-device backend: every GPUScalar and array on one device."""
     device = _MISSING
@@ -98,14 +110,14 @@ def _raise_incompatible(operands: tuple[Any, ...]) -> None:
 def _stand_in(operand: Any) -> Any:
     """What NumPy's resolver sees for an operand: a GPUScalar as the Python type it replaces
     (weak), a Python scalar as itself, an array or NumPy scalar as its dtype (strong)."""
-    if type(operand) in _SCALAR_CLASSES:
-        return promote.weak_stand_in(operand.dtype)
+    if type(operand) in _SCALAR_CLASSES:  # a strong one: the NumPy scalar it stands for
+        return operand.dtype if operand._is_strong else promote.weak_stand_in(operand.dtype)
     if type(operand) in promote.PYTHON_SCALAR_TYPES:
         return promote.python_operand_stand_in(operand)
     return operand.dtype
 
 
-def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
+def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: Any) -> Any:
     """Apply the backend ufunc ``name`` to operands of which at least one is a GPUScalar.
 
     Implements the promotion rules: with an array operand the result is an array with the
@@ -113,6 +125,9 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
     expression when lazy). A device GPUScalar meeting a host NumPy array is read first (rule 4,
     one counted sync); operands on backends or devices that cannot meet raise (rule 5). A
     pending GPUScalar operand of an array operation is computed inside that operation's kernel.
+
+    Called for NumPy's ufunc (``numpy_call``, the default) a scalar result is strong, as the
+    float path's NumPy scalar; a gs helper's (``numpy_call=False``) is weak, as ``math.sqrt``'s.
 
     An array operation without keywords but ``out=`` (``lr_expr * g``, ``x += s``) takes
     `_array_call`: its decision is cached per operand kinds, so a repeated one is a dict lookup
@@ -130,9 +145,9 @@ def apply_ufunc(name: str, *operands: Any, **kwargs: Any) -> Any:
         if kwargs.get("out") is not None:
             raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")
         kwargs.pop("out", None)
-        if not kwargs and expr.is_lazy():
+        if not kwargs:  # as the ufunc on the Python numbers: pending (or evaluated, eager)
             device = next(op.device for op in operands if type(op) in _SCALAR_CLASSES)
-            result = _lazy_ufunc(backend, name, operands, device)
+            result = _lazy_ufunc(backend, name, operands, device, numpy_call=numpy_call)
             if result is not None:
                 return result
         args = [_array_of(op) if type(op) in _SCALAR_CLASSES else op for op in operands]

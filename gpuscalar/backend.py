@@ -85,7 +85,9 @@ class Backend:
         backend has nothing queued)."""
 
     def read_scalar(self, array: Any) -> Any:
-        """Copy a 0-d array to the host as a Python scalar. Only `sync.to_host` calls this."""
+        """Copy a 0-d array to the host as a Python scalar (a 1-d one, several scalars packed
+        by `gpuscalar.lazy.fusion`'s reads, as a NumPy array). Only `sync.to_host` calls
+        this."""
         raise NotImplementedError
 
     def host_data(self, array: Any) -> Any:
@@ -151,7 +153,7 @@ class NumpyBackend(Backend):
         return "cpu"
 
     def read_scalar(self, array: Any) -> Any:
-        return array.item()
+        return array.item() if array.ndim == 0 else array.copy()
 
     def host_data(self, array: Any) -> Any:
         return array
@@ -195,7 +197,8 @@ class CudaSeam:
         """A 0-d device array's value on the host: a device->host copy (a sync). Only
         `CupyBackend.read_scalar` calls this (and only `sync.to_host` calls that)."""
         # ndarray.get() is CuPy's own single choke point for device->host copies.
-        return array.get().item()
+        host = array.get()
+        return host.item() if host.ndim == 0 else host
 
     def upload(self, array: Any, host: np.ndarray, stream: Any) -> None:
         """Copy NumPy ``host`` into the contiguous device ``array`` on ``stream``."""

@@ -22,18 +22,27 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 import numpy as np
 
 from . import promote
-from .arrays import _common_backend, _stand_in, apply_ufunc
+from .arrays import _common_backend, _operand_label, _stand_in, apply_ufunc
 from .backend import Backend, backend_of
 from .lazy import expr
 from .lazy.expr import Node, make_node
-from .operators import _FAST_TABLES, _constant, _fast_function, _kind_stand_in, _lazy_ufunc
+from .operators import (
+    _FAST_TABLES,
+    _constant,
+    _fast_function,
+    _is_strong_kind,
+    _kind_stand_in,
+    _lazy_ufunc,
+    is_scalar_kind,
+    operand_kind,
+    scalar_dtype,
+)
 from .scalar import (
     _MISSING,
     _SCALAR_CLASSES,
     GPUScalar,
     _array_of,
     _child,
-    _operand_label,
     _pending,
     _wrap,
     asscalar,
@@ -93,13 +102,9 @@ def _apply_math(name: str, *operands: Any) -> Any:
     """A helper's general path: anything but a real GPUScalar's hot path."""
     if len(operands) == 1 and type(operands[0]) in _SCALAR_CLASSES:
         only = operands[0]
-        backend = only._backend
-        if expr.is_lazy():
-            return _lazy_ufunc(backend, name, operands, only.device)
-        result = backend.call(backend.ufunc(name), _array_of(only), **backend.ufunc_array_kwargs)
-        return _wrap(backend, result)
+        return _lazy_ufunc(only._backend, name, operands, only.device)
     if any(type(op) in _SCALAR_CLASSES for op in operands):
-        result = apply_ufunc(name, *operands)
+        result = apply_ufunc(name, *operands, numpy_call=False)
         if result is NotImplemented:
             labels = ", ".join(_operand_label(op) for op in operands)
             raise TypeError(f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {labels}")
@@ -113,7 +118,7 @@ def _apply_math(name: str, *operands: Any) -> Any:
             raise TypeError(
                 f"gpuscalar.{name}() takes GPUScalars, arrays or numbers, got {type(op).__name__}"
             )
-    return apply_ufunc(name, asscalar(operands[0]), *operands[1:])
+    return apply_ufunc(name, asscalar(operands[0]), *operands[1:], numpy_call=False)
 
 
 def _make_math_function(public_name: str, ufunc_name: str) -> Callable[..., Any]:
@@ -213,10 +218,16 @@ def clip(x: Any, lower: Any, upper: Any) -> Any:
 def where(condition: Any, x: Any, y: Any) -> Any:
     """Device select. All-scalar operands give a GPUScalar; with an array operand, the array's
     backend ``where`` with GPUScalar branches acting as the Python scalars they replace."""
-    if _is_lazy():
-        pending = _lazy_where(condition, x, y)
-        if pending is not None:
-            return pending
+    if type(condition) in _SCALAR_CLASSES:
+        if condition._dtype.kind != "b":
+            condition = condition != 0  # np.where's truth test, on the device
+    elif type(condition) in promote.PYTHON_SCALAR_TYPES or isinstance(condition, np.generic):
+        condition = bool(condition)  # a host number: np.where's truth test, on the host
+    pending = _lazy_where(condition, x, y)
+    if pending is not None:
+        if not _is_lazy():
+            _array_of(pending)
+        return pending
     operands = (condition, x, y)
     found = _common_backend(operands) if any(type(o) in _SCALAR_CLASSES for o in operands) else None
     if found is None:
@@ -310,18 +321,18 @@ _is_lazy = expr.is_lazy
 
 
 def _is_scalar_kind(kind: Any) -> bool:
-    return isinstance(kind, np.dtype) or kind in promote.PYTHON_SCALAR_TYPES or (
+    return is_scalar_kind(kind) or kind in promote.PYTHON_SCALAR_TYPES or (
         isinstance(kind, type) and issubclass(kind, np.generic))
 
 
 def _resolve_where(kinds: tuple[Any, Any, Any]) -> Any:
     found = None
     if all(map(_is_scalar_kind, kinds)) and _kind_stand_in(kinds[0]) == _BOOL and any(
-            isinstance(kind, np.dtype) for kind in kinds):
+            map(is_scalar_kind, kinds)):
         dtype = promote.result_dtype([_kind_stand_in(kinds[1]), _kind_stand_in(kinds[2])])
         if dtype.kind in promote.SUPPORTED_KINDS:
             op = expr.get_op("where", "where", (_BOOL, dtype, dtype), (dtype,))
-            keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else
+            keys = tuple(expr.leaf_key(scalar_dtype(kind)) if is_scalar_kind(kind) else
                          expr.const_key(wanted) for kind, wanted in zip(kinds, op.in_dtypes,
                                                                           strict=True))
             found = (dtype, op, *keys)
@@ -340,8 +351,7 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
     scalar_classes = _SCALAR_CLASSES
     c_scalar, x_scalar, y_scalar = (type(condition) in scalar_classes, type(x) in scalar_classes,
                                     type(y) in scalar_classes)
-    kinds = (condition._dtype if c_scalar else type(condition),
-             x._dtype if x_scalar else type(x), y._dtype if y_scalar else type(y))
+    kinds = (operand_kind(condition), operand_kind(x), operand_kind(y))
     found = _WHERE_LOOPS.get(kinds, _MISSING)
     if found is _MISSING:
         found = _resolve_where(kinds)
@@ -360,12 +370,8 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
         condition = _BOOL.type(condition)
     if not x_scalar:
         x = _constant(x, dtype)
-        if x is None:
-            return None
     if not y_scalar:
         y = _constant(y, dtype)
-        if y is None:
-            return None
     size = 1
     if c_scalar:
         condition = condition._array if condition._node is None else _child(condition)
@@ -383,7 +389,8 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
             y_key = y.key
             size += y.size
     node = make_node(op, (condition, x, y), (c_key, x_key, y_key), size)
-    return _pending(type(first)._classes[dtype.kind], node, dtype, device)
+    classes = type(first)._strong if any(map(_is_strong_kind, kinds)) else type(first)._classes
+    return _pending(classes[dtype.kind], node, dtype, device)
 
 
 register_hooks(clip_call=clip_call, route_cupy_kernel=_route_cupy_kernel)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ledger, promote, sync
+from . import promote
 from . import scalar as scalar_module
 from .backend import Backend
 from .lazy import expr
@@ -27,6 +27,7 @@ from .lazy.expr import KEY, SIZE, Node, make_node
 from .scalar import (
     _MISSING,
     _SCALAR_CLASSES,
+    _UNREAD,
     BINARY_OPERATORS,
     COMPARISON_OPERATORS,
     UNARY_OPERATORS,
@@ -37,6 +38,7 @@ from .scalar import (
     _materialize,
     _pending,
     _wrap,
+    to_int64_op,
 )
 
 __all__ = ["BINARY_OPERATORS", "COMPARISON_OPERATORS", "UNARY_OPERATORS"]
@@ -57,11 +59,10 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
         operands = (right, left) if reflected else (left, right)
         result = scalar_module._array_call(name, operands, None)  # (gpuscalar.arrays, a hook)
         return scalar_module._apply_ufunc(name, *operands) if result is _MISSING else result
-    if expr.is_lazy():
-        operands = (right, left) if reflected else (left, right)
-        result = _lazy_ufunc(backend, name, operands, left.device)
-        if result is not None:
-            return result
+    operands = (right, left) if reflected else (left, right)
+    result = _lazy_ufunc(backend, name, operands, left.device, python_operator=True)
+    if result is not None:
+        return result
     if other is None:
         other = _array_of(right)
     mine = _array_of(left)
@@ -79,64 +80,118 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
 _LAZY_LOOPS: dict[tuple[Any, ...], Any] = {}
 
 
-def _kind_stand_in(kind: Any) -> Any:
+#: Marks the kind of a strong GPUScalar operand: ``(STRONG, dtype)`` (a weak one's kind is its
+#: dtype, a number's its type).
+STRONG = "strong"
+
+
+def operand_kind(operand: Any) -> Any:
+    """The kind of an operand of a scalar-only operation (a GPUScalar's dtype, strong ones
+    marked; a number's type): what its loop and keys depend on."""
+    kind = type(operand)
+    if kind in _SCALAR_CLASSES:
+        return (STRONG, operand._dtype) if kind._is_strong else operand._dtype
+    return kind
+
+
+def is_scalar_kind(kind: Any) -> bool:
+    """Whether ``kind`` (see `operand_kind`) is a GPUScalar's: a device leaf."""
+    return isinstance(kind, np.dtype) or type(kind) is tuple
+
+
+def _is_strong_kind(kind: Any) -> bool:
+    return type(kind) is tuple or (isinstance(kind, type) and issubclass(kind, np.generic))
+
+
+def scalar_dtype(kind: Any) -> np.dtype:
+    """A GPUScalar kind's dtype."""
+    return kind[1] if type(kind) is tuple else kind
+
+
+def _kind_stand_in(kind: Any, name: str = "", python_operator: bool = False) -> Any:
     """What NumPy's resolver sees for an operand of ``kind`` in a scalar-only operation (rules
-    2-3): a GPUScalar as a 0-d array of its dtype, a Python scalar weak, a NumPy scalar strong."""
+    2-3): a weak GPUScalar (``kind`` its dtype) as the Python type of its ``item()``, a Python
+    scalar as itself (both weak), a strong GPUScalar or a NumPy scalar as its dtype
+    (`promote.scalar_stand_in`)."""
     if isinstance(kind, np.dtype):
-        return kind
+        return promote.scalar_stand_in(kind, name, python_operator)
+    if type(kind) is tuple:
+        return kind[1]
     if kind in promote.PYTHON_SCALAR_TYPES:
-        return np.dtype(bool) if kind is bool else kind
+        return promote.python_number_stand_in(kind, name, python_operator)
     return np.dtype(kind)
 
 
-def _resolve_lazy_loop(name: str, kinds: tuple[Any, ...]) -> Any:
+def _resolve_lazy_loop(name: str, kinds: tuple[Any, ...], python_operator: bool,
+                       numpy_call: bool) -> Any:
     """Fill `_LAZY_LOOPS` for ``name`` over operands of ``kinds`` (NumPy's error where NumPy
-    has no loop for them, as the eager call raises)."""
+    has no loop for them, as the float path raises)."""
     found = None
     if getattr(np, name).signature is None:
-        signature = promote.parity_signature(name, tuple(map(_kind_stand_in, kinds)))
+        stand_ins = tuple(_kind_stand_in(kind, name, python_operator) for kind in kinds)
+        if python_operator and name in _ORDERINGS and any(
+                s is complex or (isinstance(s, np.dtype) and s.kind == "c") for s in stand_ins):
+            raise TypeError(f"'{_ORDERINGS[name]}' not supported for complex numbers (Python's "
+                            "complex has no order; np.{name} orders them as NumPy does)")
+        if name in _COMPARISONS and int in stand_ins and any(
+                isinstance(s, np.dtype) and s.kind in "iu" for s in stand_ins):
+            # NumPy compares a Python int with an integer scalar exactly (never wrapping it
+            # into the scalar's type): an int64 loop does so for every value a device int holds
+            stand_ins = tuple(_INT64 if s is int else s for s in stand_ins)
+        signature = promote.parity_signature(name, stand_ins)
         nin = len(kinds)
         in_dtypes, out_dtypes = signature[:nin], signature[nin:]
         ops = tuple(expr.get_op("ufunc", name, in_dtypes, out_dtypes, k)
                     for k in range(len(out_dtypes)))
-        keys = tuple(expr.leaf_key(kind) if isinstance(kind, np.dtype) else expr.const_key(dtype)
+        keys = tuple(expr.leaf_key(scalar_dtype(kind)) if is_scalar_kind(kind)
+                     else expr.const_key(dtype)
                      for kind, dtype in zip(kinds, in_dtypes, strict=True))
-        found = (tuple((op, op.dtype) for op in ops), in_dtypes, keys)
-    _LAZY_LOOPS[(name,) + kinds] = found
+        # a NumPy scalar in the float path: a NumPy ufunc's result, or any result with one
+        strong = numpy_call or any(map(_is_strong_kind, kinds))
+        found = (tuple((op, op.dtype) for op in ops), in_dtypes, keys, strong)
+    _LAZY_LOOPS[(name, python_operator, numpy_call) + kinds] = found
     return found
 
 
 def _constant(value: Any, dtype: np.dtype) -> Any:
     """A Python or NumPy number as a kernel argument of ``dtype``, converted as NumPy converts
-    it for the eager operation; None where only NumPy can say (see `_EXACT_INT`) or where the
-    value does not fit ``dtype`` (NumPy raises, or special-cases it: comparisons)."""
-    if type(value) is int and not -_EXACT_INT <= value <= _EXACT_INT:
-        return None
+    it (a Python int into a float loop: correctly rounded, as Python's ``float(int)``)."""
     try:
         return dtype.type(value)
     except OverflowError:
-        return None
+        raise _out_of_range(value, dtype) from None
+
+
+def _out_of_range(value: Any, dtype: np.dtype) -> OverflowError:
+    return OverflowError(
+        f"the Python int {value} does not fit the {dtype} the device computes this operation "
+        "in (Python ints are unbounded, device integers are not: docs/semantics.md)")
 
 
 def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
-                device: object) -> Any:
-    """Record ufunc ``name`` over GPUScalars and Python/NumPy scalars as pending node(s).
+                device: object, python_operator: bool = False, numpy_call: bool = False) -> Any:
+    """Ufunc ``name`` over GPUScalars and Python/NumPy scalars as pending node(s): evaluated
+    where consumed when lazy, at once (one device op each) when eager.
 
-    The loop (and so every result dtype) is `promote`'s, NumPy's own choice for the eager call;
-    a NumPy error for these operand types is raised here, as eager code would. Python numbers
-    are converted to the loop's input dtype now, as NumPy converts them. Returns None where
-    eager code must decide: a number NumPy converts in its own way (`_constant`), a gufunc.
+    The loop (and so every result dtype) is `promote`'s: NumPy's choice for the float path,
+    each GPUScalar standing for the Python number it replaces (``python_operator``: Python's
+    operator, where a bool is an int in arithmetic; else the NumPy ufunc). The result is strong
+    (`gpuscalar.scalar._classes_for`) where the float path holds a NumPy scalar: a NumPy ufunc's
+    result (``numpy_call``: ``np.sqrt(s)``, not ``gs.sqrt(s)``, whose float path is
+    ``math.sqrt``), or any result with a strong operand or a NumPy scalar. A NumPy error for
+    these operand types is raised here, as the float path raises it. Python numbers are
+    converted to the loop's input dtype now, as NumPy converts them. Returns None for a gufunc
+    (matmul): the caller decides.
     """
     scalar_classes = _SCALAR_CLASSES
-    kinds: list[Any] = [name]
-    for operand in operands:
-        kinds.append(operand._dtype if type(operand) in scalar_classes else type(operand))
+    kinds: list[Any] = [name, python_operator, numpy_call]
+    kinds += map(operand_kind, operands)
     found = _LAZY_LOOPS.get(tuple(kinds), _MISSING)
     if found is _MISSING:
-        found = _resolve_lazy_loop(name, tuple(kinds[1:]))
+        found = _resolve_lazy_loop(name, tuple(kinds[3:]), python_operator, numpy_call)
     if found is None:
         return None
-    outputs, in_dtypes, leaf_keys = found
+    outputs, in_dtypes, leaf_keys, strong = found
     children = list(operands)
     keys = list(leaf_keys)
     size = 1
@@ -145,9 +200,7 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
         if type(operand) in scalar_classes:
             scalars.append(i)
         else:
-            children[i] = constant = _constant(operand, in_dtypes[i])
-            if constant is None:
-                return None
+            children[i] = _constant(operand, in_dtypes[i])
     for i in scalars:
         children[i] = child = _child(operands[i])
         if type(child) is Node:
@@ -155,17 +208,33 @@ def _lazy_ufunc(backend: Backend, name: str, operands: tuple[Any, ...],
             size += child.size
     children_, keys_ = tuple(children), tuple(keys)
     classes = _classes_for(backend)
+    if strong:
+        classes = classes["f"]._strong  # type: ignore[attr-defined]
     results = tuple(_pending(classes[dtype.kind], make_node(op, children_, keys_, size), dtype,
                              device)
                     for op, dtype in outputs)
+    if not expr.is_lazy():  # eager: each result now, one device op
+        for result in results:
+            _materialize(result)
     return results[0] if len(results) == 1 else results
 
 
-#: A Python int beyond +-2**53 is left to NumPy, eagerly: NumPy converts such an int to a float
-#: loop's dtype in two ways depending on the ufunc (directly, or through int64, which rounds once
-#: where the direct way rounds twice), and some ufuncs (the logical ones) refuse ints beyond
-#: int64 where others take them. Within +-2**53 every way gives the same value.
-_EXACT_INT = 2**53
+#: Python's ordering operators: a complex operand raises TypeError, as Python's complex does
+_ORDERINGS = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">="}
+_COMPARISONS = frozenset({*_ORDERINGS, "equal", "not_equal"})
+
+#: The operators whose Python result is an int (``math.floor(x)``, ``math.ceil``,
+#: ``math.trunc``): their float value is converted to int64 by a second node, the ufunc
+#: ``positive`` on the int64 loop (the conversion happens in the loop's input cast: exact, the
+#: value being integral).
+_TO_INT = frozenset({"floor", "ceil", "trunc"})
+_INT64 = np.dtype(np.int64)
+
+
+def _refuse_complex(name: str, dtype: np.dtype) -> None:
+    if dtype.kind == "c":
+        raise TypeError(f"{name}() of a complex GPUScalar: a Python complex has no {name} "
+                        f"(the float path raises too)")
 
 
 def _wrapped_int(value: int, dtype: np.dtype) -> np.generic:
@@ -185,14 +254,12 @@ def _make_binary(name: str, reflected: bool) -> Any:
 
 
 def _make_unary(name: str) -> Any:
+    """The base class's (complex scalars') one-operand operator."""
+
     def operator(self: GPUScalar) -> GPUScalar:
-        backend = self._backend
-        if expr.is_lazy():
-            return _lazy_ufunc(backend, name, (self,), self.device)
-        return _wrap(
-            backend,
-            backend.call(backend.ufunc(name), _array_of(self), **backend.ufunc_array_kwargs),
-        )
+        if name in _TO_INT:
+            _refuse_complex(f"math.{name}", self._dtype)
+        return _lazy_ufunc(self._backend, name, (self,), self.device, python_operator=True)
 
     return operator
 
@@ -207,33 +274,17 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     number, and one node; eager, one ufunc call.
     """
     fast_class = cls
+    strong = cls._is_strong
     multi_device = backend.multi_device
-    device_of = backend.device_of
-    out_ellipsis = backend.ufunc_array_kwargs == {"out": ...}
     real_python_types = frozenset({bool, int, float})
     python_types = promote.PYTHON_SCALAR_TYPES
     hooks = scalar_module  # `_array_call` (gpuscalar.arrays) is registered there
-    note_op = sync.note_device_op
-    counting = ledger.counting  # ContextVar.get, inlined: counting costs nothing when idle
     is_lazy = expr.is_lazy
     leaf_keys = expr.LEAF_KEYS
     max_nodes, keep_nodes = expr.MAX_NODES, expr.KEEP_NODES
     new = object.__new__
 
-    def finish(result: Any) -> GPUScalar:
-        if not out_ellipsis and type(result) is not np.ndarray and isinstance(result, np.generic):
-            result = np.asarray(result)
-        scalar: GPUScalar = new(cls)
-        scalar._array = result
-        scalar._node = None
-        scalar._dtype = result.dtype
-        scalar._device = device_of(result) if multi_device else "cpu"
-        return scalar
-
-    def finish_pair(results: tuple[Any, Any]) -> tuple[GPUScalar, GPUScalar]:
-        return finish(results[0]), finish(results[1])
-
-    def make_record(reflected: bool, pair: bool) -> Callable[..., Any]:
+    def make_record(reflected: bool, pair: bool, cls: type) -> Callable[..., Any]:
         """The recorder of one binary operator's pending results (one node; two for divmod)."""
 
         def record(self: GPUScalar, op: Any, dtype: Any, other: Any, other_key: int,
@@ -263,34 +314,43 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             result._used = False
             result._dtype = dtype
             result._device = self._device
-            if size > max_nodes:
+            result._host = _UNREAD
+            evaluate_now = size > max_nodes or not is_lazy()  # too large, or eager
+            if evaluate_now:
                 _materialize(result)
             if pair:  # the second result (same children): `_pending` written out, as above
                 second: GPUScalar = new(cls)
-                second._array, second._used = None, False
+                second._array, second._used, second._host = None, False, _UNREAD
                 second._node, second._dtype, second._device = (
                     make_node(op2, children, keys, size), dtype2, self._device)
-                if size > max_nodes:
+                if evaluate_now:
                     _materialize(second)
                 return result, second
             return result
 
         return record
 
-    def make(name: str, reflected: bool) -> Any:
-        ufunc = backend.ufunc(name)
+    def make(name: str, reflected: bool, python_operator: bool, numpy_call: bool = False) -> Any:
+        """One binary operation's hot path: Python's operator (``python_operator``: a bool
+        operand is an int in arithmetic), a gs helper, or the NumPy ufunc called on GPUScalars
+        (``numpy_call``: its result is strong, a NumPy scalar in the float path; so is any
+        result of a strong class)."""
+        result_class = cls._strong["f"] if numpy_call or strong else cls
         # own dtype -> other's dtype or Python type -> (op, result dtype, the other operand's
         # loop type, the other's leaf or constant key, add, own leaf key); for two results
         # (divmod), op and result dtype are pairs. Nested: no pair key to build and hash.
         loops: dict[np.dtype, dict[Any, tuple[Any, ...]]] = {}
         foldable = name in ("add", "subtract") and not reflected
         pair = getattr(np, name).nout == 2
-        record = make_record(reflected, pair)
+        record = make_record(reflected, pair, result_class)
 
         def resolve(mine: np.dtype, other: Any) -> tuple[Any, ...]:
             is_scalar = isinstance(other, np.dtype)
-            other_stand_in = other if is_scalar else promote.python_operand_stand_in(other(0))
-            operands = (other_stand_in, mine) if reflected else (mine, other_stand_in)
+            other_stand_in = (other if strong and is_scalar else
+                              _kind_stand_in(other, name, python_operator))
+            mine_stand_in = mine if strong else _kind_stand_in(mine, name, python_operator)
+            operands = ((other_stand_in, mine_stand_in) if reflected
+                        else (mine_stand_in, other_stand_in))
             signature = promote.parity_signature(name, operands)
             ops = tuple(expr.get_op("ufunc", name, signature[:2], signature[2:], k)
                         for k in range(2 if pair else 1))
@@ -312,37 +372,34 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             if kind is fast_class:
                 if multi_device and other._device != self._device:
                     return _binary(self, other, name, reflected)  # rule 5: the device error
-                if is_lazy():  # both GPUScalars of this class
-                    mine, theirs = self._dtype, other._dtype
-                    op, dtype, _, other_key, _, mine_key = (
-                        loops.get(mine, _NO_LOOPS).get(theirs) or resolve(mine, theirs))
-                    if other._node is None:
-                        return record(self, op, dtype, other._array, other_key, 0, mine_key)
-                    other_child = _child(other)
-                    if type(other_child) is not Node:  # kept (materialized) now: a leaf
-                        return record(self, op, dtype, other_child, other_key, 0, mine_key)
-                    return record(self, op, dtype, other_child, other_child[KEY],
-                                  other_child[SIZE], mine_key)
-                other = other._array if other._array is not None else _materialize(other)
-            elif kind not in real_python_types:
+                mine, theirs = self._dtype, other._dtype
+                op, dtype, _, other_key, _, mine_key = (
+                    loops.get(mine, _NO_LOOPS).get(theirs) or resolve(mine, theirs))
+                if other._node is None:
+                    return record(self, op, dtype, other._array, other_key, 0, mine_key)
+                other_child = _child(other)
+                if type(other_child) is not Node:  # kept (materialized) now: a leaf
+                    return record(self, op, dtype, other_child, other_key, 0, mine_key)
+                return record(self, op, dtype, other_child, other_child[KEY],
+                              other_child[SIZE], mine_key)
+            if kind not in real_python_types:
                 if kind not in python_types and kind not in _SCALAR_CLASSES:  # an array: a fold
                     operands = (other, self) if reflected else (self, other)
                     found = hooks._array_call(name, operands, None)
                     if found is not _MISSING:
                         return found
-                return _binary(self, other, name, reflected)
-            elif is_lazy():
-                mine = self._dtype
-                op, dtype, loop_type, other_key, add, mine_key = (
-                    loops.get(mine, _NO_LOOPS).get(kind) or resolve(mine, kind))
-                try:
-                    if kind is int and not -_EXACT_INT <= other <= _EXACT_INT:
-                        raise OverflowError  # see _EXACT_INT
-                    constant = loop_type(other)
-                except OverflowError:  # NumPy decides such cases eagerly (and may raise)
-                    with expr.lazy(False):
-                        return _binary(self, other, name, reflected)
-                if add is not None:  # exact in integer (modular) arithmetic
+                if python_operator:
+                    return _binary(self, other, name, reflected)
+                return scalar_module._apply_ufunc(
+                    name, *((other, self) if reflected else (self, other)), numpy_call=numpy_call)
+            mine = self._dtype
+            op, dtype, loop_type, other_key, add, mine_key = (
+                loops.get(mine, _NO_LOOPS).get(kind) or resolve(mine, kind))
+            try:
+                constant = loop_type(other)
+            except OverflowError:
+                raise _out_of_range(other, np.dtype(loop_type)) from None
+            if add is not None:  # exact in integer (modular) arithmetic
                     offset = other if op is add else -other
                     # fold into an add whose right operand is a constant (never a device
                     # leaf: reading one would be a hidden sync, and the key says "constant")
@@ -354,73 +411,74 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
                         constant = _wrapped_int(offset + int(previous), dtype)
                         self._used = True
                         keys = (expr.child_key(first), other_key)
-                        return _pending(cls, make_node(add, (first, constant), keys,
-                                                           node.size), dtype, self._device)
+                        result = _pending(result_class, make_node(add, (first, constant), keys,
+                                                                  node.size), dtype, self._device)
+                        if not is_lazy():
+                            _materialize(result)
+                        return result
                     op, constant = add, _wrapped_int(offset, dtype)
-                return record(self, op, dtype, constant, other_key, 0, mine_key)
-            mine_array = self._array if self._array is not None else _materialize(self)
-            if counting():
-                note_op()
-            done = finish_pair if pair else finish
-            if out_ellipsis:
-                if reflected:
-                    return done(ufunc(other, mine_array, out=...))
-                return done(ufunc(mine_array, other, out=...))
-            return done(ufunc(other, mine_array) if reflected else ufunc(mine_array, other))
+            return record(self, op, dtype, constant, other_key, 0, mine_key)
 
         return operator
 
-    def make_unary(name: str) -> Any:
-        ufunc = backend.ufunc(name)
-        # own dtype -> (op, dtype, the child keys of this op's node on a leaf of that dtype)
+    def make_unary(name: str, python_operator: bool, numpy_call: bool = False) -> Any:
+        """One one-operand operation's hot path (Python's operator, or the NumPy ufunc)."""
+        # own dtype -> (op, dtype, the child keys of this op's node on a leaf of that dtype,
+        # the int64 conversion `_TO_INT` operators apply after it, or None)
         ops: dict[np.dtype, tuple[Any, ...]] = {}
+        to_int = python_operator and name in _TO_INT
+        # math.floor(x) of a NumPy float is a Python int too: weak whatever the operand
+        result_class = (cls._classes["f"] if to_int else
+                        cls._strong["f"] if numpy_call or strong else cls)
 
         def resolve(mine: np.dtype) -> tuple[Any, ...]:
-            signature = promote.parity_signature(name, (mine,))
+            signature = promote.parity_signature(
+                name, (mine if strong else _kind_stand_in(mine, name, python_operator),))
             op = expr.get_op("ufunc", name, signature[:1], signature[1:])
-            found = ops[mine] = (op, op.dtype, (leaf_keys[mine],))
+            then = to_int64_op() if to_int and op.dtype != _INT64 else None
+            found = ops[mine] = (op, op.dtype if then is None else _INT64,
+                                 (leaf_keys[mine],), then)
             return found
 
         def operator(self: GPUScalar) -> Any:
-            if is_lazy():  # as `record` does for two operands (a call is a tenth of this path)
-                op, dtype, keys = ops.get(self._dtype) or resolve(self._dtype)
-                child, size = self._node, 1
-                if child is None:
-                    child = self._array
-                else:
-                    child = _child(self)
-                    if type(child) is Node:
-                        keys, size = (child[KEY],), child[SIZE] + 1
-                result: GPUScalar = new(cls)
-                result._array, result._used = None, False
-                result._dtype, result._device = dtype, self._device
-                result._node = make_node(op, (child,), keys, size)
-                if size > max_nodes:
-                    _materialize(result)
-                return result
-            mine_array = self._array if self._array is not None else _materialize(self)
-            if counting():
-                note_op()
-            # a real operand gives a real result for every unary operator
-            return finish(ufunc(mine_array, out=...) if out_ellipsis else ufunc(mine_array))
+            op, dtype, keys, then = ops.get(self._dtype) or resolve(self._dtype)
+            child, size = self._node, 1
+            if child is None:
+                child = self._array
+            else:
+                child = _child(self)
+                if type(child) is Node:
+                    keys, size = (child[KEY],), child[SIZE] + 1
+            node = make_node(op, (child,), keys, size)
+            if then is not None:
+                size += 1
+                node = make_node(then, (node,), (node[KEY],), size)
+            result: GPUScalar = new(result_class)
+            result._array, result._used, result._host = None, False, _UNREAD
+            result._dtype, result._device = dtype, self._device
+            result._node = node
+            if size > max_nodes or not is_lazy():
+                _materialize(result)
+            return result
 
         return operator
 
     for stem, ufunc_name in UNARY_OPERATORS.items():
-        method = make_unary(ufunc_name)
+        method = make_unary(ufunc_name, True)
         method.__name__ = method.__qualname__ = f"__{stem}__"
         setattr(cls, method.__name__, method)
     # the helpers (gs.sqrt(s), gs.minimum(s, t), ...) take the same hot paths, and so do other
     # elementwise ufuncs called through __array_ufunc__ (made on first use: `_fast_function`)
     helpers = set(UNARY_OPERATORS.values())  # others are made on first use
-    cls._fast_unary = {name: make_unary(name) for name in helpers
+    cls._fast_unary = {name: make_unary(name, False) for name in helpers
                        if getattr(np, name).nin == 1 and getattr(np, name).nout == 1}
-    cls._fast_binary = {name: make(name, False) for name in helpers
+    cls._fast_binary = {name: make(name, False, False) for name in helpers
                         if getattr(np, name).nin == 2 and getattr(np, name).nout == 1}
-    cls._fast_binary["divmod"] = make("divmod", False)
-    cls._fast_rbinary = {name: make(name, True) for name in cls._fast_binary}
+    cls._fast_binary["divmod"] = make("divmod", False, False)
+    cls._fast_rbinary = {name: make(name, True, False) for name in cls._fast_binary}
     cls._fast_makers = (make_unary, make)
     _FAST_TABLES[cls] = (cls._fast_unary, cls._fast_binary, cls._fast_rbinary)
+    _NUMPY_TABLES[cls] = ({}, {}, {})  # NumPy's ufuncs called on GPUScalars: made on first use
 
     tables = [(BINARY_OPERATORS, ("", "r")), (COMPARISON_OPERATORS, ("",))]
     for table, prefixes in tables:
@@ -428,17 +486,20 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             for prefix in prefixes:
                 if ufunc_name == "power" and prefix == "":
                     continue  # pow(s, x, modulo) needs the base class's three-argument form
-                method = make(ufunc_name, prefix == "r")
+                method = make(ufunc_name, prefix == "r", True)
                 method.__name__ = method.__qualname__ = f"__{prefix}{stem}__"
                 setattr(cls, method.__name__, method)
 
 
-def _fast_function(cls: Any, key: Any, nin: int, reflected: bool) -> Any:
+def _fast_function(cls: Any, key: Any, nin: int, reflected: bool,
+                   numpy_call: bool = False) -> Any:
     """The hot path of the real class ``cls`` for a ufunc (``key``: NumPy's name, or the NumPy
-    ufunc itself) with ``nin`` operands (a GPUScalar first, or second when ``reflected``), made
-    on first use; None where it has none: not NumPy's own elementwise ufunc of one output (two
-    for a binary one), or not one the backend has (the general path decides)."""
-    table = cls._fast_unary if nin == 1 else cls._fast_rbinary if reflected else cls._fast_binary
+    ufunc itself) with ``nin`` operands (a GPUScalar first, or second when ``reflected``), as a
+    gs helper or (``numpy_call``) as the NumPy ufunc itself, made on first use; None where it
+    has none: not NumPy's own elementwise ufunc of one output (two for a binary one), or not one
+    the backend has (the general path decides)."""
+    tables = (_NUMPY_TABLES if numpy_call else _FAST_TABLES)[cls]
+    table = tables[0] if nin == 1 else tables[2] if reflected else tables[1]
     function = table.get(key, _MISSING)
     if function is _MISSING:
         name = key if type(key) is str else getattr(key, "__name__", "")
@@ -452,35 +513,39 @@ def _fast_function(cls: Any, key: Any, nin: int, reflected: bool) -> Any:
                 and (ufunc.nout == 1 or (nin == 2 and ufunc.nout == 2))
                 and getattr(cls._backend.xp, name, None) is not None):
             make_unary, make = cls._fast_makers
-            function = table[name] = make_unary(name) if nin == 1 else make(name, reflected)
+            function = table[name] = (make_unary(name, False, numpy_call) if nin == 1
+                                      else make(name, reflected, False, numpy_call))
         table[key] = function
     return function
 
 
-#: real GPUScalar class -> its hot paths (one-operand, binary, reflected binary): name -> function
+#: real GPUScalar class -> its hot paths (one-operand, binary, reflected binary): name -> function,
+#: as gs helpers (`_FAST_TABLES`) and as NumPy's ufuncs (`_NUMPY_TABLES`: strong results)
 _FAST_TABLES: dict[type, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+_NUMPY_TABLES: dict[type, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
 
 
 def _call_fast(name: Any, operands: tuple[Any, ...]) -> Any:
-    """``ufunc name(*operands)`` (``name``: NumPy's name or the NumPy ufunc) through a real
-    GPUScalar class's hot path (the operators'), or `_MISSING` where none applies. One operand:
-    it must be a real GPUScalar; two: either may be (the other anything: the hot path hands
-    what it does not know to `_binary`)."""
+    """NumPy's ``ufunc name(*operands)`` (``name``: NumPy's name or the NumPy ufunc: a strong
+    result) through a real GPUScalar class's hot path, or `_MISSING` where none applies. One
+    operand: it must be a real GPUScalar; two: either may be (the other anything: the hot path
+    hands what it does not know to the general path)."""
     if len(operands) == 2:
         first, second = operands
-        tables = _FAST_TABLES.get(type(first))
+        tables = _NUMPY_TABLES.get(type(first))
         if tables is not None:
-            function = tables[1].get(name) or _fast_function(type(first), name, 2, False)
+            function = tables[1].get(name) or _fast_function(type(first), name, 2, False, True)
             return _MISSING if function is None else function(first, second)
-        tables = _FAST_TABLES.get(type(second))
+        tables = _NUMPY_TABLES.get(type(second))
         if tables is not None:
-            function = tables[2].get(name) or _fast_function(type(second), name, 2, True)
+            function = tables[2].get(name) or _fast_function(type(second), name, 2, True, True)
             return _MISSING if function is None else function(second, first)
         return _MISSING
     if len(operands) == 1:
-        tables = _FAST_TABLES.get(type(operands[0]))
+        tables = _NUMPY_TABLES.get(type(operands[0]))
         if tables is not None:
-            function = tables[0].get(name) or _fast_function(type(operands[0]), name, 1, False)
+            function = (tables[0].get(name)
+                        or _fast_function(type(operands[0]), name, 1, False, True))
             return _MISSING if function is None else function(operands[0])
     return _MISSING
 

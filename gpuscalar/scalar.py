@@ -14,15 +14,12 @@ the scalar's class): in one kernel, or folded into the consuming array kernel.
 ``gs.lazy(False)`` / ``GPUSCALAR_LAZY=0`` give the eager behaviour, one backend call per
 operation, with the same numbers.
 
-This module holds the scalar itself: the class, its host reads and exports, the per-backend
-classes, pending scalars (`_pending`, `_child`, `_materialize`) and `asscalar`. Three modules
-build on it, each one idea, and reach GPUScalar's dunders and hooks through `register_hooks`
-(so this module imports none of them): `gpuscalar.operators` generates the operators from the
-tables below and records lazy nodes (their static types are declared beside the tables; a test
-keeps both equal), `gpuscalar.arrays` runs array operations with GPUScalar operands
-(``apply_ufunc``, the promotion rules across operands, the fused launch), and `gpuscalar.math`
-the helpers. Promotion decisions come from `promote`. All internal access to the wrapped array
-goes through `_array_of`, which materializes a pending expression.
+This module holds the scalar itself (the class, host reads and exports, the per-backend weak
+and strong classes, pending scalars, `asscalar`); `gpuscalar.operators`, `.arrays` and `.math`
+build on it (its operators, array operations and helpers, reached through `register_hooks`, so
+this module imports none of them), `gpuscalar.reads` answers a pending scalar's host read and
+`gpuscalar.known` keeps the values read. All internal access to the wrapped array goes through
+`_array_of`, which materializes a pending expression.
 
 Handed to CuPy, a GPUScalar goes through CuPy's own dispatch: CuPy's ufuncs and elementwise
 kernels call its ``__cupy_override_elementwise_kernel__`` (in-place operators with the output
@@ -42,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
-from . import ledger, promote, sync
+from . import known, ledger, promote, reads, sync
 from .backend import NUMPY, Backend, backend_of, get_backend
 from .lazy import expr, fusion
-from .lazy.expr import KEY, SIZE, Node, make_node
+from .lazy.expr import SIZE, Node, make_node
 
 __all__ = [
     "GPUScalar",
@@ -164,7 +161,7 @@ class GPUScalar:
     # _array: the 0-d device array, None while pending; _node: the pending expression (or None);
     # _dtype, _device: always known (the device id on multi-device backends, else "cpu");
     # _used: whether a pending expression was already used (see expr.KEEP_NODES);
-    # _host: unset until the first read.
+    # _host: the host value once known (`_UNREAD` until then; see gpuscalar.known).
     # Threads may share a scalar (see `_materialize`): _array is published by one store before
     # _node is dropped, so a reader that finds no node finds the array, and one that still
     # finds the node computes the same value from it.
@@ -177,15 +174,25 @@ class GPUScalar:
     _host: Any
     _backend: Backend  # a class attribute of the concrete per-backend subclasses
     _executor: fusion.Executor  # the backend's evaluator of pending expressions (idem)
-    _classes: dict[str, type]  # the backend's concrete classes by dtype kind (idem)
+    _classes: dict[str, type]  # the backend's weak concrete classes by dtype kind (idem)
+    _strong: dict[str, type]  # its strong ones (`_classes_for`)
+    _is_strong: bool  # whether this class is strong (idem)
     __array_priority__ = 1000  # above cupy.ndarray's: its binary operators defer to ours
     __hash__ = None  # type: ignore[assignment]
 
     def __new__(cls, array: Any) -> GPUScalar:
         backend = backend_of(array)
+        fresh = False
         if backend is None:
             if isinstance(array, np.generic):
-                array, backend = np.asarray(array), NUMPY
+                array, backend, fresh = np.asarray(array), NUMPY, True
+            elif cls is not GPUScalar and isinstance(array, (numbers.Rational, numbers.Real)) \
+                    and type(array) not in promote.PYTHON_SCALAR_TYPES:
+                # a concrete class called with a Fraction or Decimal: `statistics` converts its
+                # exact result back to the type of its data (``T(value)``), as for a float
+                backend = cls._backend
+                return _wrap(backend, _make_array(backend, float(array), np.dtype(np.float64),
+                                                  None))
             else:
                 raise TypeError(
                     "GPUScalar() takes a 0-d NumPy or CuPy array, got "
@@ -201,6 +208,8 @@ class GPUScalar:
                 "GPUScalar() supports bool, integer, floating and complex dtypes, "
                 f"got {array.dtype}"
             )
+        if not fresh:  # a value, like float(a): a later write to ``a`` must not change it
+            array = backend.call(backend.xp.copy, array)
         return _wrap(backend, array)
 
     # ---- no-sync attributes -------------------------------------------------------------
@@ -274,15 +283,18 @@ class GPUScalar:
 
     # ---- host reads: each at most one counted transfer, then cached ----------------------
     def _host_value(self, reason: str) -> Any:
-        try:
-            return self._host
-        except AttributeError:
-            pass  # not read yet; the transfer happens outside the handler (clean tracebacks)
+        host = self._host
+        if host is not _UNREAD:
+            return host
         array = self._array
-        # A pending expression is evaluated only once the read is allowed: one launch, one sync.
-        host = self._host = sync.to_host(
-            self._backend, (lambda: _materialize(self)) if array is None else array, reason
-        )
+        if array is None:
+            host = reads.read_pending(self, reason)
+        else:
+            host = _known_value(array)
+            if host is _UNREAD:
+                host = sync.to_host(self._backend, array, reason)
+                _remember(array, host)
+        self._host = host
         return host
 
     def item(self) -> Any:
@@ -319,10 +331,11 @@ class GPUScalar:
         return f"GPUScalar({value!r}, dtype={self.dtype}, device={self.device!r})"
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if dtype is None:  # as NumPy converts the number it replaces (np.array([s, t]))
+            dtype = self._dtype if self._is_strong else promote.PYTHON_DTYPES[self._dtype.kind]
         if _asks_dtype_only():  # cupy.full(shape, s): only the dtype is used, see there
-            return np.zeros((), self.dtype if dtype is None else dtype)
-        value = self._host_value("__array__")
-        return np.asarray(value, dtype=self.dtype if dtype is None else dtype)
+            return np.zeros((), dtype)
+        return np.asarray(self._host_value("__array__"), dtype=dtype)
 
     def __reduce__(self) -> tuple[Any, ...]:
         value = self._host_value("pickle")
@@ -386,6 +399,9 @@ class GPUScalar:
 
     # ---- device operations ---------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if "out" not in kwargs and any(type(i) is np.ndarray and not i.ndim for i in inputs):
+            # a NumPy scalar on the left (np.float32(0.1) == s) arrives as a 0-d array (rule 3)
+            inputs = tuple(i[()] if type(i) is np.ndarray and not i.ndim else i for i in inputs)
         if not kwargs and method == "__call__":  # np.minimum(s, t), np.sin(s): the hot path
             result = _call_fast(ufunc, inputs)
             if result is not _MISSING:
@@ -429,21 +445,33 @@ class GPUScalar:
         return _route_cupy_kernel(self._backend, kernel, ufunc_name, args, kwargs)
 
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
+        """As Python's ``round`` of the number this scalar replaces: an int64 GPUScalar without
+        ``ndigits`` (half to even), else a float64 one for a float (an int64 for an int); no
+        sync. A complex one raises, as Python's complex does."""
+        kind = self._dtype.kind
+        if kind == "c":
+            raise TypeError("round() of a complex GPUScalar: a Python complex has no __round__ "
+                            "(the float path raises too)")
         decimals = 0 if ndigits is None else operator_index(ndigits)
-        if expr.is_lazy():
-            found = _ROUND_OPS.get((self._dtype, decimals), _MISSING)
-            if found is _MISSING:
-                found = _resolve_round(self._dtype, decimals)
-            if found is not None:
-                op, keys = found
-                child, size = self._array if self._node is None else _child(self), 1
-                if type(child) is Node:
-                    keys, size = (child[KEY],), child[SIZE] + 1
-                return _pending(type(self), make_node(op, (child,), keys, size), self._dtype,
-                                self._device)
-        backend = self._backend
-        result = backend.call(backend.xp.round, _array_of(self), decimals)
-        return _wrap(backend, result)
+        found = _ROUND_OPS.get((self._dtype, ndigits is None, decimals), _MISSING)
+        if found is _MISSING:
+            found = _resolve_round(self._dtype, ndigits is None, decimals)
+        ops, dtype = found
+        node: Any = self._array if self._node is None else _child(self)
+        for op in ops:
+            node = make_node(op, (node,))
+        result = _pending(self._classes[dtype.kind], node, dtype, self._device)
+        if kind != "f" and decimals < 0:  # an int to tens, hundreds...: as NumPy (eagerly)
+            backend = self._backend
+            return _wrap(backend, backend.call(backend.xp.round, _array_of(result), decimals))
+        if not expr.is_lazy():
+            _materialize(result)
+        return result
+
+    def as_integer_ratio(self) -> tuple[int, int]:
+        """The exact ratio of the value (a read, as ``float.as_integer_ratio`` needs the
+        value): what ``statistics`` and ``fractions.Fraction`` ask a number for."""
+        return self._host_value("as_integer_ratio").as_integer_ratio()
 
     @overload
     def __pow__(self, other: GPUScalar | float, modulo: None = None) -> GPUScalar: ...
@@ -456,17 +484,29 @@ class GPUScalar:
         return _binary(self, other, "power", False)
 
 
-#: (dtype, decimals) -> (the round op, its child keys on a leaf of that dtype), or None where
-#: rounding runs eagerly (bool; integers to negative decimals, which NumPy computes through floats)
-_ROUND_OPS: dict[tuple[np.dtype, int], Any] = {}
+#: (dtype, no ndigits, decimals) -> (the ops ``round`` applies in turn, the result dtype): a
+#: float is rounded in float64 (the Python float it replaces), then made an int64 where Python
+#: gives an int (no ndigits); an int or bool is the int64 it stands for.
+_ROUND_OPS: dict[tuple[np.dtype, bool, int], Any] = {}
+_FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)
 
 
-def _resolve_round(dtype: np.dtype, decimals: int) -> Any:
-    found = None
-    if dtype.kind in "fc" or (dtype.kind in "iu" and decimals >= 0):
-        op = expr.get_op("round", "round", (dtype,), (dtype,), 0, decimals)
-        found = (op, (expr.leaf_key(dtype),))
-    _ROUND_OPS[(dtype, decimals)] = found
+def to_int64_op() -> expr.Op:
+    """The op converting a real value to int64 where Python gives an int (``round(x)``,
+    ``math.floor(x)``): ``positive`` on the int64 loop, the conversion being its input cast
+    (truncating, as a C cast and NumPy's unsafe cast; exact on the integral values it gets)."""
+    return expr.get_op("ufunc", "positive", (_INT64,), (_INT64,))
+
+
+def _resolve_round(dtype: np.dtype, to_int: bool, decimals: int) -> Any:
+    if dtype.kind == "f":
+        ops = [expr.get_op("round", "round", (_FLOAT64,), (_FLOAT64,), 0, decimals)]
+        if to_int:
+            ops.append(to_int64_op())
+        found = (tuple(ops), _INT64 if to_int else _FLOAT64)
+    else:
+        found = ((to_int64_op(),), _INT64)
+    _ROUND_OPS[(dtype, to_int, decimals)] = found
     return found
 
 
@@ -506,12 +546,17 @@ class _DeferToReflected:
 
 
 def _classes_for(backend: Backend) -> dict[str, type]:
-    """The concrete classes for ``backend``, by dtype kind.
+    """The concrete (weak) classes for ``backend``, by dtype kind; their ``_strong`` attribute
+    holds the strong ones.
 
-    Each backend gets its own pair of classes with the backend as a class attribute, so that
-    ``type(a) is type(b)`` is the whole "same backend, both real" test on the fast path, and
-    its dunders can be generated with that backend's ufuncs already bound. Made under a lock
-    (once per backend, first use only): threads that start together must share one pair.
+    Each backend gets its own classes with the backend as a class attribute, so that
+    ``type(a) is type(b)`` is the whole "same backend, both real, same strength" test on the
+    fast path, and its dunders can be generated with that backend's ufuncs already bound.
+    *Weak* scalars stand for a Python number (``float(x.sum())``, ``s * 2.0``), *strong* ones
+    for the NumPy scalar the float path holds where NumPy made it (``np.sqrt(s)``, ``s *
+    np.float32(2)``): in an array operation a strong float64 promotes a float32 array, as an
+    ``np.float64`` does (`promote.scalar_stand_in`). Made under a lock (once per backend, first
+    use only): threads that start together must share them.
     """
     classes = backend.__dict__.get("_scalar_classes")
     if classes is not None:
@@ -524,14 +569,20 @@ def _classes_for(backend: Backend) -> dict[str, type]:
         namespace: dict[str, Any] = {"__slots__": (), "_backend": backend, "_executor": executor}
         if executor.defers_to_reflected:
             namespace["__array_ufunc__"] = _DeferToReflected(GPUScalar.__array_ufunc__)
-        real = type("GPUScalar", (_RealGPUScalar,), dict(namespace))
-        complex_ = type("GPUScalar", (GPUScalar,), dict(namespace))
-        real.__module__ = complex_.__module__ = __name__
-        _install_fast_operators(real, backend)
-        _SCALAR_CLASSES.update((real, complex_))
-        classes = {kind: real for kind in "biuf"}
-        classes["c"] = complex_
-        real._classes = complex_._classes = classes  # type: ignore[attr-defined]
+        made = {}
+        for strong in (False, True):
+            real = type("GPUScalar", (_RealGPUScalar,), {**namespace, "_is_strong": strong})
+            complex_ = type("GPUScalar", (GPUScalar,), {**namespace, "_is_strong": strong})
+            real.__module__ = complex_.__module__ = __name__
+            made[strong] = {**{kind: real for kind in "biuf"}, "c": complex_}
+        weak, strong_classes = made[False], made[True]
+        for kind_classes in (weak, strong_classes):
+            for cls in (kind_classes["f"], kind_classes["c"]):
+                cls._classes, cls._strong = weak, strong_classes  # type: ignore[attr-defined]
+        for kind_classes in (weak, strong_classes):
+            _install_fast_operators(kind_classes["f"], backend)
+            _SCALAR_CLASSES.update((kind_classes["f"], kind_classes["c"]))
+        classes = weak
         backend._scalar_classes = classes  # type: ignore[attr-defined]
     return classes
 
@@ -547,6 +598,7 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
     dtype = result.dtype
     scalar = object.__new__(classes[dtype.kind])
     scalar._array = result
+    scalar._host = _UNREAD
     scalar._node = None
     scalar._dtype = dtype
     scalar._device = backend.device_of(result) if backend.multi_device else "cpu"
@@ -557,15 +609,14 @@ def _pending(cls: type, node: Node, dtype: np.dtype, device: object) -> GPUScala
     """A GPUScalar of class ``cls`` (one of `_classes_for`'s) holding the expression ``node``
     (materialized at once past the size bound)."""
     scalar: GPUScalar = _new_object(cls)
-    scalar._array, scalar._used = None, False
+    scalar._array, scalar._used, scalar._host = None, False, _UNREAD
     scalar._node, scalar._dtype, scalar._device = node, dtype, device
     if node[SIZE] > _MAX_NODES:
         _materialize(scalar)
     return scalar
 
 
-_new_object = object.__new__
-_MAX_NODES = expr.MAX_NODES
+_new_object, _MAX_NODES = object.__new__, expr.MAX_NODES
 
 
 def _child(scalar: GPUScalar) -> Any:
@@ -600,7 +651,15 @@ def _materialize(scalar: GPUScalar) -> Any:
         return array
     scalar._array = array  # the publication: one store
     scalar._node = None  # then drop the tree (memory only)
+    host = scalar._host
+    if host is _UNREAD:  # built from known values only: known too (as on the float path)
+        host = scalar._host = reads.known_result(node)
+    if host is not _UNREAD:
+        _remember(array, host)
     return array
+
+
+_UNREAD, _known_value, _remember = known.UNREAD, known.value_of, known.remember
 
 
 def _node_of(scalar: GPUScalar) -> Node | None:
@@ -622,11 +681,9 @@ _DTYPE_ONLY_CALLERS: list[Any] = []
 
 
 def _asks_dtype_only() -> bool:
-    """Whether ``__array__`` was called by CuPy's ``full(shape, s)`` (no ``dtype=``), which
-    calls ``numpy.array(fill_value).dtype`` and then copies the value with ``copyto`` (a kernel
-    that reads the GPUScalar's 0-d device array, no sync). Answering with a 0-d array of the
-    right dtype but no value spares a host read whose value CuPy throws away. CuPy 14's
-    ``full`` is Python, so its frame is the caller of the C ``numpy.array``."""
+    """Whether CuPy's ``full(shape, s)`` called ``__array__``: it only takes the dtype, then
+    copies the 0-d device array with ``copyto`` (no sync), so no host read is needed. (CuPy
+    14's ``full`` is Python: its frame is the caller of the C ``numpy.array``.)"""
     if not _DTYPE_ONLY_CALLERS:
         cupy = sys.modules.get("cupy")
         full = getattr(getattr(getattr(cupy, "_creation", None), "basic", None), "full", None)
@@ -643,19 +700,6 @@ _MISSING = object()  # "not found" in the tables of this module and those buildi
 def _unpickle(backend_name: str, dtype: str, value: Any) -> GPUScalar:
     backend = get_backend(backend_name)
     return _wrap(backend, _make_array(backend, value, np.dtype(dtype), None))
-
-
-def _operand_label(value: Any) -> str:
-    """Describe an operand for an error message without reading any device value."""
-    if type(value) in _SCALAR_CLASSES:
-        return f"GPUScalar({value.dtype}, backend={value.backend.name}, device={value.device!r})"
-    backend = backend_of(value)
-    if backend is not None:
-        return (
-            f"{backend.name} array(shape={value.shape}, dtype={value.dtype}, "
-            f"device={backend.device_of(value)!r})"
-        )
-    return type(value).__name__
 
 
 def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
@@ -740,13 +784,16 @@ def _make_array(backend: Backend, value: Any, dtype: np.dtype, device: object) -
     if backend.host_memory:
         return backend.call(np.asarray, value, dtype=dtype)
     args: tuple[Any, ...]
-    if backend.owns(value):  # a device array: converted (or moved) on the device
+    kwargs = {"dtype": dtype}
+    if backend.owns(value):  # a device array: copied (a value: see GPUScalar) on the device
         make, args = backend.xp.asarray, (value,)
+        if value.dtype == dtype:  # asarray would hand back the array itself
+            make, kwargs = backend.xp.copy, {}
     else:
         make, args = backend.xp.full, ((), np.asarray(value, dtype=dtype)[()])
     if backend.multi_device and device is not None:
         with backend.device_context(device):
-            return backend.call(make, *args, dtype=dtype)
-    return backend.call(make, *args, dtype=dtype)
+            return backend.call(make, *args, **kwargs)
+    return backend.call(make, *args, **kwargs)
 
 

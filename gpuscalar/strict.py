@@ -342,7 +342,8 @@ class StrictArray(NDArrayOperatorsMixin):
     Make one with ``gpuscalar.strict.xp.asarray(...)`` (or any creation function of ``xp``).
     """
 
-    __slots__ = ("_data", "_device")
+    # __weakref__: as cupy.ndarray, a strict array can be weakly referenced (gpuscalar.known)
+    __slots__ = ("_data", "_device", "__weakref__")
     _data: np.ndarray
     _device: int
     __array_priority__ = 100  # as cupy.ndarray: below GPUScalar's, above NumPy's
@@ -762,7 +763,8 @@ class StrictBackend(Backend):
         return device(device_id)  # type: ignore[arg-type]
 
     def read_scalar(self, array: Any) -> Any:
-        return array._data.item()  # the counted transfer itself (sync.to_host) is the sync
+        data = array._data  # the counted transfer itself (sync.to_host) is the sync
+        return data.item() if data.ndim == 0 else data.copy()
 
     def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         with _DeviceWork():  # one op, whatever the strict arrays do inside it

@@ -14,7 +14,8 @@ launch gpuscalar makes,
    the same parser tests/test_optim_launch.py uses), argument by argument,
 3. hands back outputs: ufuncs and ``cupy`` functions / array methods are computed with NumPy on
    `cupy_fake.host_view`s (so simple results are right); ``ElementwiseKernel`` and ``RawKernel``
-   outputs keep their memory (right shape and dtype, values not computed).
+   outputs keep their memory (right shape and dtype, values not computed), except the device
+   leaves a host read's kernel packs (``gpuscalar_read_*``: copies, `_pack_read_leaves`).
 
 It also records every host->device copy (`RecordingSeam.uploads`, including ``xp.asarray`` of
 host data) and every device->host read (`reads`), hands out fake streams whose capture records
@@ -302,6 +303,23 @@ def _numpy_twin(func: Any, kind: str) -> Any:
         if found is None:
             return getattr(np, name, None)
     return getattr(found, name, getattr(np, name, None))
+
+
+#: One packed store of a host read's kernel (`gpuscalar.lazy.codegen.read_spec`): a device leaf
+#: ``NAME[0]`` written at byte ``OFFSET`` of ``_gs_pack``.
+_PACK_STORE = re.compile(r"&_gs_pack\[(\d+)\]\) = (\w+)\[0\];")
+
+
+def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
+    """Answer the leaf slots of a host read's kernel: the leaves' own bytes, copied as the
+    kernel copies them, so the values the read makes known are the device's. The value slot
+    (slot 0, computed by the fused expression) is not computed, as for any fused kernel."""
+    names = [param.name for param in kernel.in_params]
+    target = host_view(packed)
+    for offset, name in _PACK_STORE.findall(kernel.operation):
+        leaf = np.asarray(host_view(ins[names.index(name)])).reshape(-1)[:1]
+        start = int(offset)
+        target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
 
 
 def _uploads_a_pointer_table(launch: Launch) -> bool:
@@ -630,6 +648,8 @@ class RecordingSeam(CudaSeam):
         out_dtypes = check_elementwise_call(kernel, args, launch.kwargs)
         made = [o if o is not None else from_host(self.memory, np.zeros(shape, dtype))
                 for o, dtype in zip(outs, out_dtypes, strict=True)]
+        if kernel.name.startswith("gpuscalar_read_"):
+            _pack_read_leaves(kernel, ins, made[-1])
         return made[0] if nout == 1 else tuple(made)
 
     # ---- the rest of the seam ----
@@ -639,7 +659,8 @@ class RecordingSeam(CudaSeam):
 
     def copy_to_host(self, array: Any) -> Any:
         self.reads.append(array)
-        return host_view(array).item()
+        host = host_view(array)
+        return host.item() if host.ndim == 0 else host.copy()
 
     def _note_upload(self, array: Any, host: np.ndarray, how: str) -> None:
         if self._capturing() is not None:

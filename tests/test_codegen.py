@@ -127,7 +127,12 @@ def test_source_depends_on_structure_not_values():
     second = codegen.materialize_spec(((b * 11.0 + 2.0) / b)._node)
     assert first == second
     assert "0.3" not in first.operation and "7" not in first.operation  # values are arguments
-    assert first.in_params.count("raw float32") == 2 and "float32 _gs_c1" in first.in_params
+    # the float32 leaves stay raw float32 arguments; a float32 GPUScalar with a Python float
+    # computes at the Python float's precision (it is the number it replaces), so the constants
+    # are float64 arguments and so is the result (they were float32 before that rule)
+    assert first.in_params.count("raw float32") == 2
+    assert "float64 _gs_c1" in first.in_params and "float64 _gs_c2" in first.in_params
+    assert first.out_params.startswith("float64 ")
 
 
 def test_each_operation_value_passes_an_opaque_barrier():
@@ -237,6 +242,29 @@ def test_seeded_random_shapes_compile(nvrtc):
     rng = random.Random(2026)
     shapes = shapes_of(recipes.random_recipe(rng) for _ in range(300))
     assert compile_shapes(nvrtc, shapes) == len(shapes) > 100
+
+
+def test_the_packed_read_kernel_compiles(nvrtc):
+    """A host read of a pending expression on CuPy (`codegen.read_spec`): the materializing
+    kernel plus a raw uint8 output packing the value and each unknown device leaf, one 16-byte
+    slot each, for one transfer (a complex leaf and a float32 leaf of a float64 value here)."""
+    a, z = gs.asscalar(np.float32(1.25)), gs.asscalar(np.complex64(1j))
+    node = (a * 2.0 + abs(z) / a)._node
+    leaves = expr.leaves_of(node)  # a, the constant 2.0, z, a again
+    assert leaves[0] is leaves[3] is a.array and leaves[2] is z.array
+    extras = (0, 2)  # each device leaf once, as gpuscalar.reads asks for them
+    spec = codegen.read_spec(node, extras)
+    assert spec.name.startswith("gpuscalar_read_") and spec.name.endswith("_2")
+    assert spec.out_params == "float64 _gs_out, raw uint8 _gs_pack"
+    assert spec.in_params == codegen.materialize_spec(node).in_params  # the same arguments
+    stores = re.findall(r"reinterpret_cast<([\w:<>]+)\*>\(&_gs_pack\[(\d+)\]\)",
+                        spec.operation)
+    assert [offset for _, offset in stores] == ["0", "16", "32"]
+    assert stores[0][0] == "double" and stores[1][0] == "float"
+    assert "complex<float>" in stores[2][0]
+    ptx = nv.compile_source(nvrtc, nv.join_sources([spec], array_ndim=0), "read.cu",
+                            nv.cupy_options())
+    assert f".entry {spec.name}" in ptx
 
 
 def test_the_compile_check_can_fail(nvrtc):

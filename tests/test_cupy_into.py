@@ -41,9 +41,19 @@ def env(monkeypatch):
         yield cupy, memory, seam
 
 
-def _scalar(memory, pending: bool):
-    """A float64 GPUScalar holding `S`, materialized or pending (``leaf * 1.0``, unevaluated)."""
-    leaf = gs.GPUScalar(from_host(memory, np.float64(S if not pending else S / 2)))
+def _scalar(memory, seam, pending: bool):
+    """A float64 GPUScalar holding `S`, materialized or pending (``leaf * 2.0``, unevaluated).
+
+    ``gs.GPUScalar(a)`` is a value, like ``float(a)``: it copies ``a`` on the device (one
+    ``cupy.copy`` launch, checked here). That launch is then dropped from the recording, so each
+    test counts the launches of the operation under test alone, as strictly as before."""
+    source = from_host(memory, np.float64(S if not pending else S / 2))
+    before = len(seam.launches)
+    leaf = gs.GPUScalar(source)
+    copies = seam.launches[before:]
+    assert [(c.kind, c.name) for c in copies] == [("function", "copy")], seam.kinds()
+    assert copies[0].args[0] is source and leaf.array is not source
+    del seam.launches[before:]
     return leaf * 2.0 if pending else leaf
 
 
@@ -66,7 +76,7 @@ BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
 @pytest.mark.parametrize("name", list(IN_PLACE))
 def test_in_place_operator_is_one_launch_into_the_array(env, name, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     result = IN_PLACE[name](x, s)
     assert result is x  # CuPy's positional output became out=, not a third input
     assert seam.count() == 1, seam.kinds()
@@ -80,9 +90,9 @@ def test_in_place_operator_is_one_launch_into_the_array(env, name, pending):
 
 
 def test_in_place_keeps_the_same_kind_rule(env):
-    cupy, memory, _ = env
+    cupy, memory, seam = env
     x = from_host(memory, np.arange(3, dtype=np.int64))
-    s = _scalar(memory, False)
+    s = _scalar(memory, seam, False)
     with pytest.raises(TypeError, match="same_kind"):
         x += s  # as x += 2.0: float64 into int64 is refused
     with pytest.raises(TypeError, match="immutable"):
@@ -95,7 +105,7 @@ def test_in_place_keeps_the_same_kind_rule(env):
 def test_binary_operator_is_one_launch(env, name, side, pending):
     """``g * lr_expr`` and ``lr_expr * g``: one launch each, a pending scalar folded in."""
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     result = BINARY[name](x, s) if side == "array_left" else BINARY[name](s, x)
     assert isinstance(result, cupy.ndarray)
     expected = BINARY[name](X, S) if side == "array_left" else BINARY[name](S, X)
@@ -108,7 +118,7 @@ def test_array_operators_defer_to_the_scalar_and_export_still_works(env):
     """CuPy's operators read ``__array_ufunc__`` from the instance (None: defer to the reflected
     operator); NumPy reads it from the type, so NumPy ufuncs still reach GPUScalar."""
     cupy, memory, seam = env
-    s, p = _scalar(memory, False), _scalar(memory, True)
+    s, p = _scalar(memory, seam, False), _scalar(memory, seam, True)
     assert s.__array_ufunc__ is None and type(s).__array_ufunc__ is not None
     assert isinstance(np.sqrt(s), gs.GPUScalar) and isinstance(np.add(s, 1.0), gs.GPUScalar)
     assert seam.count() == 0  # all lazy
@@ -124,7 +134,7 @@ def test_array_operators_defer_to_the_scalar_and_export_still_works(env):
 @PENDING
 def test_cupy_ufuncs(env, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     root = cupy.sqrt(s)
     assert isinstance(root, gs.GPUScalar) and seam.count() == 0  # lazy: nothing launched
     assert cupy.add(x, s, out=x) is x
@@ -135,7 +145,7 @@ def test_cupy_ufuncs(env, pending):
 @PENDING
 def test_user_elementwise_kernel_reads_the_scalar_on_the_device(env, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     kernel = cupy.ElementwiseKernel("float32 a, float64 b", "float32 c", "c = a * b",
                                     "test_cupy_into_scale")
     result = kernel(x, s)
@@ -151,7 +161,7 @@ def test_user_elementwise_kernel_reads_the_scalar_on_the_device(env, pending):
 @PENDING
 def test_where_with_a_scalar_branch(env, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     condition = from_host(memory, np.array([True, False, True]))
     result = cupy.where(condition, x, s)
     assert result.dtype == np.float32  # as where(c, x, 2.0)
@@ -164,7 +174,7 @@ def test_where_with_a_scalar_branch(env, pending):
 @pytest.mark.parametrize("how", ["cupy.clip", "x.clip", "np.clip"])
 def test_clip_with_a_scalar_bound(env, how, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     clip = {"cupy.clip": cupy.clip, "np.clip": np.clip, "x.clip": lambda a, lo, hi: a.clip(lo, hi)}
     result = clip[how](x, 1.0, s)
     assert result.dtype == np.float32  # as clip(x, 1.0, 2.0)
@@ -175,7 +185,7 @@ def test_clip_with_a_scalar_bound(env, how, pending):
 @PENDING
 def test_clip_of_a_scalar_is_a_scalar(env, pending):
     cupy, memory, seam = env
-    s = _scalar(memory, pending)
+    s = _scalar(memory, seam, pending)
     result = cupy.clip(s, 0, 1.0)  # CuPy calls s.clip
     assert isinstance(result, gs.GPUScalar) and result.dtype == np.float64
     assert seam.count() == 0  # lazy
@@ -184,7 +194,7 @@ def test_clip_of_a_scalar_is_a_scalar(env, pending):
 @PENDING
 def test_copyto_and_full_and_setitem_copy_on_the_device(env, pending):
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, pending)
+    x, s = from_host(memory, X), _scalar(memory, seam, pending)
     cupy.copyto(x, s)
     assert seam.launches[-1].name == "copyto" and seam.launches[-1].args[1] is s.array
     seam.clear()
@@ -206,6 +216,6 @@ def test_fill_with_a_scalar_syncs_in_cupy(env):
     own sync, documented); it never reads the value through gpuscalar. ``x[...] = s`` is the
     no-sync way."""
     cupy, memory, seam = env
-    x, s = from_host(memory, X), _scalar(memory, False)
+    x, s = from_host(memory, X), _scalar(memory, seam, False)
     assert reaches_cuda(x.fill, s)  # CuPy's own comparison kernel, before its read
     assert seam.count() == 0

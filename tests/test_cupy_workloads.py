@@ -328,7 +328,12 @@ def test_demo_paths_run_end_to_end_on_cupy_objects(cupy_device, path):
     run = run_on_cupy(cupy_device, lambda xp: function(xp, steps))
     (_, strict_best, strict_mean), strict_syncs, strict_ops = run_on_strict(
         lambda sx: function(sx, steps))
-    assert run.syncs == strict_syncs == (steps if path == "float" else 2)
+    # the gpuscalar path reads best once, and that packed read brings back every loss it was
+    # built from; the mean is built from the same losses and Python numbers, so it is answered
+    # on the host from known values (no second sync: tests/test_demo.py). The capture path's
+    # best and total are device buffers rewritten in place: two reads.
+    expected_syncs = {"float": steps, "gpuscalar": 1, "gpuscalar + capture": 2}[path]
+    assert run.syncs == strict_syncs == expected_syncs
     assert run.ops == strict_ops
     assert run.uploads == 2  # the data, made by each path before its loop
     assert run.graphs == (path == "gpuscalar + capture")

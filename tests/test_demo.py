@@ -20,7 +20,11 @@ from gpuscalar.tools import demo
 def test_demo_paths_agree_and_gpuscalar_reads_only_what_it_prints(backend):
     results = demo.run(backend, steps=33, repeats=3)
     assert results["float"]["syncs"] == 33  # one float(loss) per step
-    assert results["gpuscalar"]["syncs"] == 2  # the two printed values
+    # The best loss is read once; that read brings back every loss it was built from (the
+    # float path read each of them), and the mean is built from the same losses and Python
+    # numbers: it is answered on the host (known values never sync twice). Past the expression
+    # size bound (64 nodes: the 200-step demo) the mean needs a read of its own.
+    assert results["gpuscalar"]["syncs"] == 1
     assert results["gpuscalar + capture"]["syncs"] == 2
     assert results["max_weight_difference"] == 0.0
     for name in demo.PATHS:
@@ -42,11 +46,14 @@ def test_demo_counts_launches_as_a_gpu_sees_them():
     assert float_ops == inputs_ops + 33 * eager_step_ops
     # per step 7 launches: the same first 6, then `lr * grad` and `w -=` as one fused SGD
     # kernel (the scalar work is fused into them); plus the step counter made before the loop
-    # and the 2 evaluations read at the end (best and total start as Python numbers)
-    assert results["gpuscalar"]["device_ops"] == inputs_ops + 33 * (eager_step_ops - 1) + 1 + 2
+    # and the one evaluation read at the end (best; the mean is computed on the host from the
+    # losses that read brought back)
+    assert results["gpuscalar"]["device_ops"] == inputs_ops + 33 * (eager_step_ops - 1) + 1 + 1
     assert results["gpuscalar"]["device_ops"] < float_ops
     captured = results["gpuscalar + capture"]["device_ops"]
-    assert captured < float_ops / 4
+    # gs.GPUScalar(a) copies a: each step run eagerly (3 leftover, 1 warm-up) copies its
+    # counter, and the two state arrays read at the end are copied: 6 device ops of their own
+    assert captured < float_ops / 4 + 6
     with gs.count_syncs() as counter:
         demo.capture_path(strict.xp, 30)
     assert counter.count == 2
@@ -106,7 +113,7 @@ def test_demo_cli_prints_the_table(capsys):
     out = capsys.readouterr().out
     table = _table(out)
     assert {name: syncs for name, (syncs, _) in table.items()} == {
-        "float": 12, "gpuscalar": 2, "gpuscalar + capture": 2}
+        "float": 12, "gpuscalar": 1, "gpuscalar + capture": 2}  # (see the test above)
     assert table["gpuscalar"][1] <= table["float"][1]  # no more launches than the float path
     assert "median of 5 runs of each path after one untimed warm-up run" in " ".join(out.split())
     if not gs.gpu_available():  # the output says what CPU times mean, before the table

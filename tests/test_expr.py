@@ -51,13 +51,19 @@ def test_dtype_is_part_of_the_structure():
     assert (s * 2 + 1)._node[0] == (s * 2.0 + 1.0)._node[0]
 
 
-def test_python_numbers_are_arguments_converted_as_numpy_converts_them():
+def test_python_numbers_are_arguments_converted_as_the_float_path_converts_them():
+    """A GPUScalar is the Python number it replaces: ``float(s) + 0.1`` is a float64 sum, so
+    the constant is a float64 (not rounded to the scalar's float32); an int8 GPUScalar plus
+    1000 is ``int(s) + 1000``, an int64 1001 (no int8 overflow)."""
     s = gs.asscalar(np.float32(1.0))
     node = (s + 0.1)._node
     constant = expr.leaves_of(node)[1]
-    assert type(constant) is np.float32 and constant == np.float32(0.1)
-    with pytest.raises(OverflowError, match="out of bounds for int8"):
-        gs.asscalar(np.int8(1)) + 1000  # NumPy's own error, when the node is built
+    assert type(constant) is np.float64 and constant == 0.1
+    wide = gs.asscalar(np.int8(1)) + 1000
+    assert wide.dtype == np.int64 and type(expr.leaves_of(wide._node)[1]) is np.int64
+    assert wide.item() == 1001
+    with pytest.raises(OverflowError, match="int64"):
+        gs.asscalar(np.int8(1)) + 2**64  # beyond the device's int64, when the node is built
 
 
 def test_pending_scalars_know_dtype_device_and_launch_nothing():
@@ -77,10 +83,8 @@ def test_a_counter_plus_one_stays_one_node():
     for _ in range(10_000):
         step = step + 1
     assert step._node[1] == 1 and int(step) == 10_000
-    down = gs.asscalar(np.uint8(5)) - 7 - 1
-    with np.errstate(over="ignore"):
-        expected = int(np.uint8(5) - np.uint8(7) - np.uint8(1))
-    assert down._node[1] == 1 and int(down) == expected
+    down = gs.asscalar(np.uint8(5)) - 7 - 1  # int(s) - 7 - 1: an int64, no uint8 wrap
+    assert down.dtype == np.int64 and down._node[1] == 1 and int(down) == 5 - 7 - 1
 
 
 def test_walks_are_iterative():
@@ -379,23 +383,25 @@ def test_a_counter_folds_its_offsets_into_one_constant():
 F32, F64, U8, U64 = (np.dtype(n) for n in ("float32", "float64", "uint8", "uint64"))
 BOOL = np.dtype(bool)
 
-#: Each (recipe) once gave a different value, dtype or error lazily than eagerly.
+#: Each (recipe) once gave a different value, dtype or error lazily than eagerly. The comments
+#: say what the float path gives (each GPUScalar replaced by its ``item()``), which eager and
+#: lazy must both give now (tests/test_parity.py checks the flat ones against it here too).
 NUMBER_CONVERSIONS = [
-    ("np.logical_xor", ("py", 2**63), ("dev", F64, 1.5)),     # eager: OverflowError
-    ("np.logical_and", ("dev", BOOL, True), ("py", 2**64)),   # eager: OverflowError
-    ("where", ("dev", BOOL, True), ("py", -1), ("dev", U8, 5)),   # eager: uint8 255 (wraps)
-    ("where", ("dev", BOOL, True), ("py", 300), ("dev", U8, 5)),  # eager: uint8 44
-    ("where", ("dev", BOOL, True), ("py", 2**64), ("dev", U8, 5)),  # eager: OverflowError
-    # int64 -> float32 rounds once in where; a direct conversion would round twice
+    ("np.logical_xor", ("py", 2**63), ("dev", F64, 1.5)),     # False
+    ("np.logical_and", ("dev", BOOL, True), ("py", 2**64)),   # True
+    ("where", ("dev", BOOL, True), ("py", -1), ("dev", U8, 5)),   # int64 -1 (no uint8 wrap)
+    ("where", ("dev", BOOL, True), ("py", 300), ("dev", U8, 5)),  # int64 300
+    ("where", ("dev", BOOL, True), ("py", 2**64), ("dev", U8, 5)),  # beyond int64: Overflow
+    # beyond 2**53: a documented exception (the float path's np.where makes it float64 too)
     ("where", ("dev", BOOL, True), ("py", 2**53 + 2**29 + 1), ("dev", F32, 1.5)),
     ("add", ("dev", F32, 1.5), ("py", 2**53 + 2**29 + 1)),
-    ("np.minimum", ("py", 2**64), ("dev", F64, 1.5)),
-    ("np.ldexp", ("dev", F64, 1.5), ("py", 2**40)),
-    ("lt", ("dev", U64, 5), ("py", -1)),
-    ("add", ("dev", U64, 5), ("py", 2**63)),
-    ("add", ("dev", U8, 5), ("py", 300)),                     # eager: OverflowError
-    ("gt", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),  # NumPy's own result
-    ("add", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),
+    ("np.minimum", ("py", 2**64), ("dev", F64, 1.5)),         # float64 1.5
+    ("np.ldexp", ("dev", F64, 1.5), ("py", 2**40)),           # inf
+    ("lt", ("dev", U64, 5), ("py", -1)),                      # False (5 < -1, as ints)
+    ("add", ("dev", U64, 5), ("py", 2**63)),                  # int64 overflow: OverflowError
+    ("add", ("dev", U8, 5), ("py", 300)),                     # int64 305
+    ("gt", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),  # a NumPy scalar left
+    ("add", ("np", F32, 1.5), ("mul", ("dev", F64, 1.0), ("py", 3))),  # float32 4.5
     ("where", ("np", BOOL, True), ("np", F32, 2.5), ("mul", ("dev", F32, 1.0), ("py", 3))),
 ]
 
@@ -403,6 +409,15 @@ NUMBER_CONVERSIONS = [
 @pytest.mark.parametrize("recipe", NUMBER_CONVERSIONS, ids=str)
 def test_python_numbers_give_the_eager_value_dtype_and_error(xp, recipe):
     check_lazy_equals_eager(recipe, like=xp.zeros(1))
+    if all(child[0] in ("dev", "py", "np") for child in recipe[1:]):  # the float path too
+        from . import test_parity
+
+        operands = tuple(child if child[0] == "dev" else
+                         child[1] if child[0] == "py" else child[1].type(child[2])
+                         for child in recipe[1:])
+        for lazy in (True, False):
+            with gs.lazy(lazy):
+                assert not test_parity.check(recipe[0], operands, xp.zeros(1))
 
 
 def test_a_shared_subexpression_gives_the_eager_bits(xp):

@@ -203,12 +203,18 @@ def test_cupy_fuses_only_the_keywords_its_kernel_implements():
 
 
 def test_a_host_result_has_the_eager_type():
-    """On NumPy a ufunc of 0-d operands gives a NumPy scalar; fused or not, the same."""
+    """A NumPy scalar or 0-d host array meeting a GPUScalar is a NumPy scalar (rule 3): the
+    result is a GPUScalar, fused or not, on either side, with no sync."""
     with gs.lazy(False):
         eager = np.add(np.asarray(1.5), gs.asscalar(2.0) * 3)
-    lazy = np.add(np.asarray(1.5), gs.asscalar(2.0) * 3)
-    assert type(lazy) is type(eager) and lazy == eager
-    assert type(np.float32(1.5) > gs.asscalar(2.0) * 3) is np.bool_
+    with gs.count_syncs() as counter:
+        lazy = np.add(np.asarray(1.5), gs.asscalar(2.0) * 3)
+        compared = np.float32(1.5) > gs.asscalar(2.0) * 3
+    assert counter.count == 0
+    assert type(lazy) is type(eager) and isinstance(lazy, gs.GPUScalar)
+    assert lazy.item() == eager.item() == 7.5
+    assert isinstance(compared, gs.GPUScalar) and compared.dtype == bool
+    assert compared.item() is False
 
 
 # ---- a kept scalar needs a launch that stores it ------------------------------------------------
@@ -434,10 +440,42 @@ def test_an_output_overlapping_an_input_is_checked_on_every_fold():
     with fake_memory() as memory, recording(memory, check=False) as seam:
         w = from_host(memory, np.arange(5.0))
         lr = gs.GPUScalar(from_host(memory, np.float64(0.5)))
+        assert seam.kinds() == ["function"]  # GPUScalar(a) is a value: one device copy of a
+        seam.clear()
         for _ in range(2):
             np.multiply(lr * 2.0, w, out=w)
             np.multiply(lr * 2.0, w[1:], out=w[:-1])
     assert seam.kinds() == ["elementwise", "elementwise", "ufunc"] * 2
+
+
+def test_a_host_read_on_cupy_is_one_packing_kernel_and_one_transfer():
+    """Reading a pending expression on CuPy evaluates it with the read kernel
+    (``gpuscalar_read_*``, not the ``gpuscalar_expr_*`` materializer) whose extra uint8 output
+    packs the value and the unknown device leaf: one launch, one transfer. The leaf is known
+    afterwards: reading it, or an expression of it and Python numbers, needs neither."""
+    from gpuscalar.lazy.fusion import PACK_SLOT
+
+    from .cupy_fake import fake_memory, from_host
+    from .cupy_seam import recording
+
+    with fake_memory() as memory, recording(memory) as seam:
+        leaf = gs.GPUScalar(from_host(memory, np.float32(0.5)))
+        seam.clear()  # (the construction's copy: tests/test_cupy_into.py counts it)
+        pending = leaf * 2.0 + 1.0
+        with gs.count_syncs() as counter:
+            float(pending)  # (the recorder does not compute the fused value: not checked)
+        assert counter.count == 1 and counter.device_ops == 1
+        assert seam.kinds() == ["elementwise"]
+        assert seam.launches[0].name.startswith("gpuscalar_read_")
+        assert len(seam.reads) == 1 and seam.reads[0].dtype == np.uint8
+        assert seam.reads[0].shape == (2 * PACK_SLOT,)  # the value, then the leaf
+        assert pending.is_materialized  # kept, as a materialization keeps it
+        seam.clear()
+        with gs.count_syncs() as counter:
+            assert float(leaf) == 0.5  # the packed leaf (the device's bytes)
+            assert float(leaf * 3.0) == 1.5  # known leaves: computed on the host
+        assert counter.count == counter.device_ops == 0
+        assert seam.launches == [] and seam.reads == []
 
 
 # ---- executors, chosen once -------------------------------------------------------------------

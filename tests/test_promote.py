@@ -1,8 +1,9 @@
 """Promotion parity: a GPUScalar acts exactly as the Python scalar it replaces (rules 1-3).
 
 Hypothesis draws dtype pairs over bool, int8-64, uint8-64, float16-64 and complex64/128, the
-operators ``+ - * / // % **`` and the comparisons, and values. The oracle is NumPy itself:
-``x ⊕ s`` must equal ``x ⊕ s.item()`` (dtype and values), computed without reading ``s``.
+operators ``+ - * / // % **`` and the comparisons, and values. The oracle is the float path:
+``x ⊕ s`` must equal ``x ⊕ s.item()`` (dtype and values), computed without reading ``s``; with
+no array, ``s ⊕ t`` is ``s.item() ⊕ t.item()`` (tests/test_parity.py covers every operation).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 
 import gpuscalar as gs
 from gpuscalar import promote
+
+from . import test_parity
 
 #: Every test here runs with lazy GPUScalar expressions and again eagerly.
 pytestmark = pytest.mark.usefixtures("scalar_mode")
@@ -73,31 +76,60 @@ def test_array_with_scalar_equals_array_with_python_value(
         assert type(got[0]) is np.ndarray
 
 
-@settings(max_examples=400, deadline=None)
-@given(left=dtypes, right=dtypes, name=operators, a=small_ints, b=small_ints)
-def test_scalar_with_scalar_equals_numpy_zero_d(left, right, name, a, b):
+#: NumPy's ufunc name -> the name of Python's operator in `recipes.OPERATIONS`.
+PYTHON_OPERATORS = {
+    "add": "add", "subtract": "sub", "multiply": "mul", "divide": "truediv",
+    "floor_divide": "floordiv", "remainder": "mod", "power": "pow", "less": "lt",
+    "less_equal": "le", "equal": "eq", "not_equal": "ne", "greater": "gt", "greater_equal": "ge",
+}
+
+
+def _float_path_case(name: str, python_operator: bool, operands: tuple) -> list[str]:
+    """The mismatches of ``name`` (NumPy's ufunc, or Python's operator) against the float path
+    (`test_parity.check`: dtype, item() type and value, or the error's category)."""
+    if python_operator:
+        return test_parity.check(PYTHON_OPERATORS[name], operands, None)
     ufunc = getattr(np, name)
-    x, y = np.asarray(a).astype(left), np.asarray(b).astype(right)
+    args = tuple(test_parity._python_value(o) for o in operands)
+    want = test_parity._quiet(lambda: ufunc(*args))
+    if test_parity.documented_exception(name, args, want):
+        return []
+    leaves = [gs.asscalar(o[2], dtype=o[1]) if type(o) is tuple else o for o in operands]
     with gs.count_syncs() as counter:
-        got = _outcome(lambda: ufunc(gs.GPUScalar(x), gs.GPUScalar(y)))
-    assert counter.count == 0
-    _assert_same(got, _outcome(lambda: ufunc(x, y)))
-    if got[1] is None:
-        assert isinstance(got[0], gs.GPUScalar)
+        got = test_parity._quiet(lambda: ufunc(*leaves))
+    assert counter.count == 0  # building the result reads nothing
+    if got[0] == "value":
+        result = got[1]
+        assert isinstance(result, gs.GPUScalar)
+        got = test_parity._quiet(lambda: (result.dtype, result.item()))
+    problem = test_parity._compare(name, got, want,
+                                   any(map(test_parity._is_complex, args)))
+    return [f"np.{name}{args}: {problem}"] if problem else []
+
+
+@settings(max_examples=400, deadline=None)
+@given(left=dtypes, right=dtypes, name=operators, a=small_ints, b=small_ints,
+       python_operator=st.booleans())
+def test_scalar_with_scalar_is_the_float_path(left, right, name, a, b, python_operator):
+    """``s ⊕ t`` is ``s.item() ⊕ t.item()``: a float64/int64/complex128/bool GPUScalar."""
+    operands = (("dev", left, a), ("dev", right, b))
+    assert not _float_path_case(name, python_operator, operands)
 
 
 @settings(max_examples=400, deadline=None)
 @given(dtype=dtypes, name=operators, a=small_ints,
-       python_value=st.one_of(st.booleans(), small_ints, st.floats(0, 5, width=16),
-                              st.complex_numbers(max_magnitude=4, allow_nan=False)),
-       reflected=st.booleans())
-def test_scalar_with_python_scalar_follows_nep50(dtype, name, a, python_value, reflected):
-    ufunc = getattr(np, name)
-    x = np.asarray(a).astype(dtype)
-    s = gs.GPUScalar(x)
-    operands = (python_value, s) if reflected else (s, python_value)
-    reference = (python_value, x) if reflected else (x, python_value)
-    _assert_same(_outcome(lambda: ufunc(*operands)), _outcome(lambda: ufunc(*reference)))
+       other=st.one_of(st.booleans(), small_ints, st.floats(0, 5, width=16),
+                       st.complex_numbers(max_magnitude=4, allow_nan=False),
+                       st.sampled_from([np.float32(2.5), np.int8(3), np.uint8(0), np.bool_(True),
+                                        np.float16(0.5), np.complex64(1j), np.float64(3)])),
+       reflected=st.booleans(), python_operator=st.booleans())
+def test_scalar_with_python_or_numpy_scalar_is_the_float_path(dtype, name, a, other, reflected,
+                                                              python_operator):
+    """``s ⊕ 3``, ``0.5 ⊕ s``, ``s ⊕ np.float32(2.5)``: as ``s.item()`` in its place (NEP 50
+    where a NumPy scalar takes part)."""
+    mine = ("dev", dtype, a)
+    operands = (other, mine) if reflected else (mine, other)
+    assert not _float_path_case(name, python_operator, operands)
 
 
 def test_python_operators_take_the_same_paths():
@@ -110,8 +142,12 @@ def test_python_operators_take_the_same_paths():
     n = gs.sum(np.ones(3, dtype=np.int64))
     assert (i8 + n).dtype == np.int8  # as i8 + 3
     assert (i8 / n).dtype == np.float64  # as i8 / 3
-    assert (s + np.float32(1)).dtype == np.float64  # a NumPy scalar is strong 0-d
+    assert (s + np.float32(1)).dtype == np.float32  # 3.0 + np.float32(1): NEP 50, weak float
     assert (gs.asscalar(np.float32(1)) + np.float64(1)).dtype == np.float64
+    h = gs.sum(np.ones(3, dtype=np.float16))  # a float16 sum is a Python float: float64 results
+    assert (h * 2).dtype == np.float64 and (h + h).dtype == np.float64
+    assert (h + np.float16(1)).dtype == np.float16  # as 3.0 + np.float16(1)
+    assert (gs.asscalar(np.int8(100)) * 3).item() == 300  # int(s) * 3, no int8 wrap
 
 
 def test_weak_stand_in_table_covers_every_supported_kind():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import arrays
+from gpuscalar import arrays, reads
 from gpuscalar import scalar as scalar_module
 from gpuscalar.backend import NumpyBackend
 from gpuscalar.lazy import expr
@@ -135,7 +135,9 @@ def second_waits_for_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
     lock = threading.Lock()
 
     def install(name: str, first: bool | None = None) -> None:
-        module = arrays if name == "_fused" else scalar_module  # the array side: gs.arrays
+        # the array side: gs.arrays; a pending scalar's host read: gs.reads
+        module = arrays if name == "_fused" else reads if name == "read_pending" else \
+            scalar_module
         real = getattr(module, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -185,7 +187,7 @@ def test_consuming_a_pending_scalar_another_thread_materializes(second_waits_for
 def test_consuming_while_another_thread_reads(second_waits_for_first):
     """One thread reads the value (materializing it) while another folds it into an array op,
     having looked when it was still pending."""
-    second_waits_for_first("_materialize", first=True)
+    second_waits_for_first("read_pending", first=True)
     second_waits_for_first("_fused", first=False)
     x = np.arange(3.0)
     s, expected = _pending_scalar()

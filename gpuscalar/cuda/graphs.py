@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import ledger, sync
+from .. import known, ledger, sync
 from ..backend import CUPY, NUMPY, Backend, backend_of, default_backend
 from ..scalar import GPUScalar, _array_of, _wrap
 from . import linalg
@@ -200,7 +200,9 @@ def _materialized(backend: Backend, result: Any) -> Any:
     (inside the capture: the evaluating kernel is recorded, and the value lives in a static
     buffer); the step's own scalars are not changed (nothing is cached in a body)."""
     if isinstance(result, GPUScalar):
-        return _wrap(backend, _array_of(result))
+        static = _array_of(result)
+        known.mark_live(static)  # rewritten by every replay: never a known value
+        return _wrap(backend, static)
     if isinstance(result, (tuple, list)):
         return type(result)(_materialized(backend, r) for r in result)
     if isinstance(result, dict):

@@ -435,6 +435,33 @@ def materialize_spec(root: expr.Node) -> KernelSpec:
     )
 
 
+def read_spec(root: expr.Node, extras: tuple[int, ...]) -> KernelSpec:
+    """`materialize_spec`'s kernel that also packs, for one transfer, the value and the device
+    leaves at positions ``extras`` into the raw bytes ``_gs_pack``: slot k (16 bytes, aligned
+    for any dtype) holds the k-th value (`gpuscalar.lazy.fusion.Executor.read`)."""
+    code = scalar_code(root, "_gs_")
+    plan = expr.plan_of(root)
+    headers: list[str] = []
+    values = [(code.value, code.dtype)]
+    for index in extras:
+        name, dtype, is_leaf = code.params[index]
+        assert is_leaf, "only device leaves are packed"
+        values.append((f"{name}[0]", dtype))
+    stores = [f"*reinterpret_cast<{cuda_type(dtype, headers)}*>(&_gs_pack[{16 * slot}]) = "
+              f"{value};" for slot, (value, dtype) in enumerate(values)]
+    preambles = list(code.preambles)
+    for header in headers:
+        if header not in preambles:
+            preambles.insert(0, header)
+    return KernelSpec(
+        in_params=", ".join(_param_list(code)),
+        out_params=f"{code.dtype.name} _gs_out, raw uint8 _gs_pack",
+        operation="\n".join([*code.statements, f"_gs_out = {code.value};", *stores]),
+        name=f"gpuscalar_read_{plan.name}_{len(extras)}",
+        preambles=tuple(preambles),
+    )
+
+
 @dataclass(frozen=True)
 class ArrayOperand:
     """One operand of a fused array operation: ``kind`` is ``"array"`` (an array of ``dtype``),

@@ -590,10 +590,12 @@ def _apply_on_host(op: Op, args: list[Any]) -> Any:
         return result[op.output] if len(op.out_dtypes) > 1 else result
     if op.kind == "rule":
         return RULE_FUNCTIONS[op.name](*args)
-    if op.kind == "where":
-        return np.where(*args)
-    if op.kind == "round":
-        return np.round(args[0], op.param)
+    if op.kind == "where":  # the branches meet in the node's dtype, as the kernel casts them
+        condition, x, y = args
+        return np.where(condition, np.asarray(x).astype(op.in_dtypes[1], copy=False),
+                        np.asarray(y).astype(op.in_dtypes[2], copy=False))
+    if op.kind == "round":  # on its loop's dtype, as the kernel casts its operand
+        return np.round(np.asarray(args[0]).astype(op.in_dtypes[0], copy=False), op.param)
     raise AssertionError(f"unknown op kind {op.kind!r}")
 
 

@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 
 from ..backend import CUPY, NUMPY, Backend
+from ..known import python_value
 from . import codegen, expr
 from .expr import DEFAULT_CACHE_SIZE, KEY, BoundedCache, cache_size, set_cache_size
 
-__all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize",
+__all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize", "unpack",
+           "PACK_SLOT",
            "fused_ufunc", "DEFAULT_CACHE_SIZE", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
            "cupy_fuses_keywords", "BoundedCache", "cache_size", "set_cache_size"]
 
@@ -87,6 +89,14 @@ class Executor:
         """The 0-d array holding the value of ``root``: one counted device op."""
         return _replay_eagerly(self.backend, root)
 
+    def read(self, root: expr.Node, device: object,
+             extras: tuple[int, ...]) -> tuple[Any, Any]:
+        """For a host read of ``root``: (its value in a new 0-d array, one device op, and a
+        1-d uint8 array packing that value and the leaves at positions ``extras`` of
+        `expr.leaves_of` (`PACK_SLOT` bytes each, in that order; `unpack` reads it back), or
+        None where this executor cannot pack: the caller then reads the 0-d array)."""
+        return self.materialize(root, device), None
+
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
         """See the module function `fused_ufunc`; ``keep`` is already empty for an empty
@@ -115,6 +125,10 @@ class HostExecutor(Executor):
     def materialize(self, root: expr.Node, device: object) -> Any:
         return self.backend.call(_materialize_on_host, self.backend, root)
 
+    def read(self, root: expr.Node, device: object,
+             extras: tuple[int, ...]) -> tuple[Any, Any]:
+        return self.backend.call(_read_on_host, self.backend, root, extras)
+
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
         backend = self.backend
@@ -137,6 +151,18 @@ class CupyExecutor(Executor):
             out = backend.xp.empty((), dtype=root.op.dtype)
             backend.call(kernel, *expr.leaves_of(root), out)
         return out
+
+    def read(self, root: expr.Node, device: object,
+             extras: tuple[int, ...]) -> tuple[Any, Any]:
+        kernel = _cached_kernel(("read", root.key, extras), codegen.read_spec, root, extras)
+        if kernel is None:
+            return self.materialize(root, device), None
+        backend = self.backend
+        with backend.device_context(device):
+            out = backend.xp.empty((), dtype=root.op.dtype)
+            packed = backend.xp.empty(PACK_SLOT * (1 + len(extras)), dtype=np.uint8)
+            backend.call(kernel, *expr.leaves_of(root), out, packed)
+        return out, packed
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
@@ -173,6 +199,28 @@ def materialize(backend: Backend, root: expr.Node, device: object) -> Any:
 def _materialize_on_host(backend: Backend, root: expr.Node) -> Any:
     value = expr.evaluate_on_host(root, backend.host_data)
     return backend.from_host_data(value, _first_array(expr.leaves_of(root)))
+
+
+#: Bytes per value in a packed read (`Executor.read`): the widest dtype a GPUScalar holds
+#: (complex128), so every slot is aligned for any of them.
+PACK_SLOT = 16
+
+
+def _read_on_host(backend: Backend, root: expr.Node, extras: tuple[int, ...]) -> Any:
+    leaves = expr.leaves_of(root)
+    value = expr.evaluate_on_host(root, backend.host_data)
+    packed = np.zeros(PACK_SLOT * (1 + len(extras)), np.uint8)
+    for slot, data in enumerate([value, *(backend.host_data(leaves[i]) for i in extras)]):
+        packed[PACK_SLOT * slot:PACK_SLOT * slot + data.dtype.itemsize] = \
+            np.asarray(data).reshape(1).view(np.uint8)
+    like = _first_array(leaves)
+    return backend.from_host_data(value, like), backend.from_host_data(packed, like)
+
+
+def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> list[Any]:
+    """The Python values of a packed read (`Executor.read`), given each slot's dtype."""
+    return [python_value(packed[PACK_SLOT * slot:PACK_SLOT * slot + dtype.itemsize].view(dtype)[0])
+            for slot, dtype in enumerate(dtypes)]
 
 
 def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:

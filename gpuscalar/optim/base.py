@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import sync
+from .. import known, sync
 from ..scalar import GPUScalar, _wrap
 from .checks import (
     betas_pair,
@@ -179,6 +179,7 @@ class Optimizer:
         with backend.device_context(device):
             xp = backend.xp
             self._count = backend.call(xp.zeros, (), dtype=np.int64)
+            known.mark_live(self._count)  # rewritten by every step: never a known value
             grad_table = executor.new_grad_table(len(items))
             self._groups: list[Group] = []
             offset = 0

@@ -1,4 +1,5 @@
-"""Sample script for the profiler tests: a loop with one sync per step, and a final print."""
+"""Sample script for the profiler tests: a loop with one sync per step, and a final print of a
+value already read (no sync)."""
 
 import sys
 
@@ -18,7 +19,7 @@ def main(steps):
     x = np.linspace(0.0, 1.0, 8)
     for _ in range(steps):
         loss = step(x)
-    print(f"final loss {loss:.3f}")  # a format() read: one sync
+    print(f"final loss {loss:.3f}")  # a format() read: known already (the last bool() read)
 
 
 if __name__ == "__main__":

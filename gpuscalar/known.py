@@ -1,0 +1,123 @@
+"""Known values: the device arrays whose value the host already read, so no read repeats.
+
+Why this module exists: a host-heavy function written for floats (a line search, a scalar
+recurrence, a convergence test) reads a value once and then does free host arithmetic with it
+(``gamma * c``, ``abs(d) < eps``, ``max(a, b)``). With GPUScalars each of those builds a new
+expression, and reading it would read the device again: more syncs than the float path. So a
+value read once is *known*: the 0-d array it came from is registered here with its host value,
+and a pending expression whose leaves are all known is evaluated on the host, with no sync and
+the float path's numbers (`gpuscalar.scalar._host_value`). A read that must go to the device
+brings the expression's unknown leaves back in the same transfer, so they are known too, as the
+float path would have read them first.
+
+A value is only ever registered for an array that nothing writes: the arrays GPUScalars hold
+are gpuscalar's own (``gs.GPUScalar(a)`` copies ``a``; results are new arrays), so a registered
+value cannot go stale. The few buffers gpuscalar itself rewrites and hands out as GPUScalars (an
+optimizer's step counter, a captured step's static outputs) are marked live (`mark_live`) and
+never registered: each GPUScalar over one caches its own read only. An entry lives as long
+as its array (a weak reference drops it), so the
+registry is bounded by the live scalars. Thread-safe: one dict, each operation atomic under the
+GIL; a dead array's entry is removed only if it is still that array's.
+
+Imports nothing of gpuscalar's (a leaf module, like the ledger).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["UNREAD", "remember", "value_of", "mark_live", "python_value", "forget_all",
+           "size"]
+
+
+class _Unread:
+    """The value of a GPUScalar's host cache before any read (a sentinel, never a number)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unread>"
+
+
+#: What `value_of` returns for an array whose value the host does not know.
+UNREAD: Any = _Unread()
+
+class _Reference(weakref.ref):
+    """A weak reference that knows its registry key (no closure per entry: a read is hot)."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+def _drop(reference: _Reference) -> None:
+    key = reference.key
+    entry = _KNOWN.get(key)
+    if entry is not None and entry[0] is reference:
+        _KNOWN.pop(key, None)
+    if _LIVE.get(key) is reference:
+        _LIVE.pop(key, None)
+
+
+def _reference(array: Any, key: int) -> _Reference:
+    reference = _Reference(array, _drop)
+    reference.key = key
+    return reference
+
+
+#: id(array) -> (a weak reference to the array, its host value)
+_KNOWN: dict[int, tuple[_Reference, Any]] = {}
+#: id(array) -> a weak reference to an array that is rewritten in place (never registered)
+_LIVE: dict[int, _Reference] = {}
+
+
+def mark_live(array: Any) -> None:
+    """``array`` is rewritten in place (a counter, a graph's static output): never register a
+    value for it."""
+    key = id(array)
+    _KNOWN.pop(key, None)
+    _LIVE[key] = _reference(array, key)
+
+
+def remember(array: Any, value: Any) -> None:
+    """Register the host ``value`` of the 0-d device ``array`` (which nothing will write)."""
+    key = id(array)
+    entry = _KNOWN.get(key)
+    if entry is not None and entry[0]() is array:
+        return
+    live = _LIVE.get(key)
+    if live is not None and live() is array:
+        return
+    try:
+        reference = _reference(array, key)
+    except TypeError:  # an array type without weak references: not remembered (only a cost)
+        return
+    _KNOWN[key] = (reference, value)
+
+
+def value_of(array: Any) -> Any:
+    """The host value registered for ``array``, or `UNREAD`."""
+    entry = _KNOWN.get(id(array))
+    if entry is None or entry[0]() is not array:
+        return UNREAD
+    return entry[1]
+
+
+#: dtype kind -> the Python type a value of that kind is read as (what ``item()`` gives)
+_PYTHON_TYPES: dict[str, type] = {"b": bool, "i": int, "u": int, "f": float, "c": complex}
+
+
+def python_value(value: Any) -> Any:
+    """A NumPy scalar or 0-d array *already on the host* as the Python number ``item()`` gives
+    (for values computed or unpacked on the host; device data is read by `gpuscalar.sync`)."""
+    return _PYTHON_TYPES[value.dtype.kind](value)
+
+
+def forget_all() -> None:
+    """Drop every registered value (tests; values are never stale, so nothing else needs it)."""
+    _KNOWN.clear()
+
+
+def size() -> int:
+    """How many arrays have a registered value now."""
+    return len(_KNOWN)
