@@ -14,10 +14,10 @@ A value is only ever registered for an array that nothing writes: the arrays GPU
 are gpuscalar's own (``gs.GPUScalar(a)`` copies ``a``; results are new arrays), so a registered
 value cannot go stale. The few buffers gpuscalar itself rewrites and hands out as GPUScalars (an
 optimizer's step counter, a captured step's static outputs) are marked live (`mark_live`) and
-never registered: each GPUScalar over one caches its own read only. An entry lives as long
-as its array (a weak reference drops it), so the
-registry is bounded by the live scalars. Thread-safe: one dict, each operation atomic under the
-GIL; a dead array's entry is removed only if it is still that array's.
+never registered: each GPUScalar over one caches its own read only. An entry lives as long as
+its array (dead ones are purged in batches of `_PURGE_AT`), so the registry is bounded by the
+live scalars. Thread-safe: dicts and a list, each operation atomic under the GIL; a lookup only
+trusts an entry whose reference still gives its array.
 
 Imports nothing of gpuscalar's (a leaf module, like the ledger).
 """
@@ -43,32 +43,27 @@ class _Unread:
 #: What `value_of` returns for an array whose value the host does not know.
 UNREAD: Any = _Unread()
 
-class _Reference(weakref.ref):
-    """A weak reference that knows its registry key (no closure per entry: a read is hot)."""
-
-    __slots__ = ("key",)
-    key: int
-
-
-def _drop(reference: _Reference) -> None:
-    key = reference.key
-    entry = _KNOWN.get(key)
-    if entry is not None and entry[0] is reference:
-        _KNOWN.pop(key, None)
-    if _LIVE.get(key) is reference:
-        _LIVE.pop(key, None)
-
-
-def _reference(array: Any, key: int) -> _Reference:
-    reference = _Reference(array, _drop)
-    reference.key = key
-    return reference
-
-
 #: id(array) -> (a weak reference to the array, its host value)
-_KNOWN: dict[int, tuple[_Reference, Any]] = {}
+_KNOWN: dict[int, tuple[weakref.ref, Any]] = {}
 #: id(array) -> a weak reference to an array that is rewritten in place (never registered)
-_LIVE: dict[int, _Reference] = {}
+_LIVE: dict[int, weakref.ref] = {}
+#: Weak references whose array died: their entries are purged now and then (`_purge`). The
+#: callback is this list's ``append`` (a C call: a read pays nothing for it); a dead entry is
+#: harmless meanwhile, since a lookup checks that the reference still gives its array.
+_DEAD: list[weakref.ref] = []
+_ON_DEATH = _DEAD.append
+_PURGE_AT = 256
+
+
+def _purge() -> None:
+    """Drop the entries whose array died (called when enough references died)."""
+    _DEAD.clear()
+    for key, (reference, _) in _KNOWN.copy().items():  # (a copy: threads may add entries)
+        if reference() is None:
+            _KNOWN.pop(key, None)
+    for key, reference in _LIVE.copy().items():
+        if reference() is None:
+            _LIVE.pop(key, None)
 
 
 def mark_live(array: Any) -> None:
@@ -76,23 +71,20 @@ def mark_live(array: Any) -> None:
     value for it."""
     key = id(array)
     _KNOWN.pop(key, None)
-    _LIVE[key] = _reference(array, key)
+    _LIVE[key] = weakref.ref(array, _ON_DEATH)
 
 
 def remember(array: Any, value: Any) -> None:
     """Register the host ``value`` of the 0-d device ``array`` (which nothing will write)."""
     key = id(array)
-    entry = _KNOWN.get(key)
-    if entry is not None and entry[0]() is array:
-        return
-    live = _LIVE.get(key)
-    if live is not None and live() is array:
+    if _LIVE and key in _LIVE and _LIVE[key]() is array:
         return
     try:
-        reference = _reference(array, key)
+        _KNOWN[key] = (weakref.ref(array, _ON_DEATH), value)
     except TypeError:  # an array type without weak references: not remembered (only a cost)
         return
-    _KNOWN[key] = (reference, value)
+    if len(_DEAD) > _PURGE_AT:
+        _purge()
 
 
 def value_of(array: Any) -> Any:

@@ -237,9 +237,7 @@ class GPUScalar:
         where it is consumed)."""
         return self._array is not None
 
-    shape = ()
-    ndim = 0
-    size = 1
+    shape, ndim, size = (), 0, 1
 
     if TYPE_CHECKING:  # the operators installed from the tables below; a test keeps both equal
         __add__: _Binary
@@ -290,8 +288,10 @@ class GPUScalar:
         if array is None:
             host = reads.read_pending(self, reason)
         else:
-            host = _known_value(array)
-            if host is _UNREAD:
+            entry = _KNOWN.get(id(array))  # (gpuscalar.known, inlined: this is every read)
+            if entry is not None and entry[0]() is array:
+                host = entry[1]
+            else:  # read (and then known: its array is gpuscalar's own, never written)
                 host = sync.to_host(self._backend, array, reason)
                 _remember(array, host)
         self._host = host
@@ -659,7 +659,7 @@ def _materialize(scalar: GPUScalar) -> Any:
     return array
 
 
-_UNREAD, _known_value, _remember = known.UNREAD, known.value_of, known.remember
+_UNREAD, _KNOWN, _remember = known.UNREAD, known._KNOWN, known.remember
 
 
 def _node_of(scalar: GPUScalar) -> Node | None:

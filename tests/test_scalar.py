@@ -124,7 +124,28 @@ def test_round_floor_ceil_stay_on_device():
         values = [round(s), round(s, 2), math.floor(s), math.ceil(s), math.trunc(-s)]
     assert counter.count == 0
     assert all(isinstance(v, gs.GPUScalar) for v in values)
-    assert [v.item() for v in values] == [3.0, 2.57, 2.0, 3.0, -2.0]
+    assert [v.item() for v in values] == [3, 2.57, 2, 3, -2]
+    # the Python types the float path gives: ints, and a float for round(x, 2)
+    assert [type(v.item()) for v in values] == [int, float, int, int, int]
+    assert [v.dtype for v in values] == [np.int64, np.float64, np.int64, np.int64, np.int64]
+    f32 = gs.asscalar(np.float32(2.5))
+    assert round(f32).item() == round(2.5) == 2 and round(f32).dtype == np.int64
+    with pytest.raises(TypeError, match="complex"):
+        round(gs.asscalar(1 + 2j))
+    with pytest.raises(TypeError, match="complex"):
+        math.floor(gs.asscalar(1 + 2j))
+
+
+def test_statistics_takes_gpuscalars_as_floats():
+    """statistics.mean asks each number for as_integer_ratio (a read, as a float would make)
+    and converts its exact result back to the data's type."""
+    import statistics  # noqa: PLC0415
+
+    values = [gs.asscalar(v) for v in (1.0, 2.5, 4.0)]
+    mean = statistics.mean(values)
+    assert isinstance(mean, gs.GPUScalar) and mean.item() == statistics.mean([1.0, 2.5, 4.0])
+    assert gs.asscalar(0.75).as_integer_ratio() == (3, 4)
+    assert statistics.median(values).item() == 2.5
 
 
 def test_pow_with_modulus_is_rejected():
