@@ -132,7 +132,7 @@ def _resolve_lazy_loop(name: str, kinds: tuple[Any, ...], python_operator: bool,
         if python_operator and name in _ORDERINGS and any(
                 s is complex or (isinstance(s, np.dtype) and s.kind == "c") for s in stand_ins):
             raise TypeError(f"'{_ORDERINGS[name]}' not supported for complex numbers (Python's "
-                            "complex has no order; np.{name} orders them as NumPy does)")
+                            f"complex has no order; np.{name} orders them as NumPy does)")
         if name in _COMPARISONS and int in stand_ins and any(
                 isinstance(s, np.dtype) and s.kind in "iu" for s in stand_ins):
             # NumPy compares a Python int with an integer scalar exactly (never wrapping it

@@ -745,6 +745,11 @@ class RecordingSeam(CudaSeam):
                 break
 
     def blas_handle(self, stream: Any) -> FakeHandle:
+        # cublasCreate allocates (its workspace too): on a GPU that fails while the stream (or
+        # the current one) captures, so a handle must be made before any recording
+        if stream.captured is not None or self._capturing() is not None:
+            raise RuntimeError("cublasCreate while a stream captures: a cuBLAS handle must be "
+                               "made before recording (refused by the recording seam)")
         return FakeHandle(stream)
 
     def blas(self, routine: str, *args: Any) -> None:

@@ -261,3 +261,60 @@ def test_a_loop_graph_is_released_once_the_device_is_done_without_waiting(dev, m
     _counting_loop(dev)  # the first graph's event is done: released before recording again
     assert len(cuda_control._launched) == 1 and cuda_control._launched[0][1] is dev.graphs[-1]
     assert dev.stream_waits == waits and dev.device_syncs == 0  # an event query, not a wait
+
+
+@covers("gs.matmul")
+def test_matmul_in_a_loop_body_finds_its_cublas_handle_made_before_recording(dev):
+    """A body is recorded on a stream of its own during the capture, when no cuBLAS handle may
+    be made (its workspace is an allocation): the body streams and their handles are made
+    before the first recording (the recording seam refuses cublasCreate on a capturing
+    stream). Fails if the body stream is first made, unprepared, inside the recording."""
+    a = dev.array(np.eye(4))
+    x = dev.array(np.ones(4))
+    y = dev.array(np.zeros(4))
+    i = dev.array(np.array(0.0))
+    one, three = _constants(i, 1, 3)
+
+    def body(i, x, y):
+        gs.matmul(a, x, out=y)
+        i += one
+
+    n = gs.while_loop(lambda i, x, y: i < three, body, i, x, y, max_iter=10)
+    products = [launch for launch in dev.launches if launch.kind == "cublas"]
+    assert len(products) == 1 and "gemv" in products[0].name  # recorded once, in the body
+    assert isinstance(n, gs.GPUScalar)
+
+
+def test_cuda_13_conditional_nodes_name_their_execution_context(monkeypatch):
+    """cuda-bindings 13.x: ``cudaConditionalNodeParams.ctx`` is the current device's execution
+    context (left empty, the node has none). Checked with a stand-in for the 13.x runtime."""
+    from types import SimpleNamespace
+
+    success = object()
+    added: list[object] = []
+
+    def call(*values):
+        return lambda *args: (success, *values)
+
+    def add_node(graph, dependencies, edge_data, count, params):
+        added.append(params.conditional.ctx)
+        return success, "node"
+
+    runtime = SimpleNamespace(
+        cudaError_t=SimpleNamespace(cudaSuccess=success),
+        cudaGraphNodeParams=lambda: SimpleNamespace(
+            type=None, conditional=SimpleNamespace(handle=None, type=None, size=None, ctx=None,
+                                                   phGraph_out=["body graph"])),
+        cudaGraphNodeType=SimpleNamespace(cudaGraphNodeTypeConditional="conditional"),
+        cudaGraphConditionalNodeType=SimpleNamespace(cudaGraphCondTypeWhile="while",
+                                                     cudaGraphCondTypeIf="if"),
+        cudaGetDevice=call(3), cudaDeviceGetExecutionCtx=lambda device: (success, f"ctx{device}"),
+        cudaGraphAddNode=add_node, cudaStreamUpdateCaptureDependencies=call(),
+        cudaStreamUpdateCaptureDependenciesFlags=SimpleNamespace(
+            cudaStreamSetCaptureDependencies="set"),
+    )
+    monkeypatch.setattr(cuda_conditional, "_runtime", lambda: (runtime, 13))
+    monkeypatch.setattr(cuda_conditional, "_capture_graph", lambda ptr: ("graph", []))
+    for kind in ("while", "if"):
+        assert cuda_conditional.add_conditional_node(0x10, 7, kind) == "body graph"
+    assert added == ["ctx3", "ctx3"]

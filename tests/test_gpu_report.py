@@ -151,3 +151,34 @@ def test_markdown_names_every_section_and_flags_extra_reads():
     text = gpu_report.to_markdown({"gpu": True, "device": "NVIDIA H100"}, results)
     assert "## Sync table" in text and "## The demo" in text and "demo output" in text
     assert "MORE THAN STATED" in text and "No GPU" not in text
+
+
+def test_a_test_section_out_of_time_still_reports_its_counts(tmp_path):
+    """At its limit the test section is interrupted first: pytest prints its summary line
+    (the counts so far) before it stops, so the report says how far it got."""
+    suite = tmp_path / "test_slow.py"
+    suite.write_text("import time\n\ndef test_quick():\n    pass\n\n"
+                     "def test_also_quick():\n    pass\n\n"
+                     "def test_slow():\n    time.sleep(60)\n")
+    section = gpu_report.Section(
+        "tests", "Tests", (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:gpuscalar", "-o", "addopts=", str(suite)),
+        8.0, parse=gpu_report.pytest_counts, interrupt=True)
+    (result,) = gpu_report.run_sections([section], tmp_path, total_budget_s=60)
+    assert result.status == "timeout"
+    assert result.data.get("passed") == 2, result.output_tail
+
+
+def test_the_test_section_runs_without_pytest_benchmark(monkeypatch):
+    """pyproject's addopts name pytest-benchmark's flag, which pytest refuses without the
+    plugin (a GPU machine may lack it): the command then overrides addopts and leaves bench/
+    out; with the plugin it is unchanged."""
+    argv = gpu_report.SECTIONS[-1].argv
+    real_find_spec = gpu_report.importlib.util.find_spec
+    monkeypatch.setattr(gpu_report.importlib.util, "find_spec",
+                        lambda name: None if name == "pytest_benchmark" else real_find_spec(name))
+    adjusted = gpu_report._without_pytest_benchmark(argv)
+    assert adjusted[:len(argv)] == argv and adjusted[len(argv):] == (
+        "-o", "addopts=-rfE", "--ignore=bench")
+    monkeypatch.setattr(gpu_report.importlib.util, "find_spec", real_find_spec)
+    assert gpu_report._without_pytest_benchmark(argv) == argv

@@ -67,7 +67,9 @@ def add_conditional_node(stream_ptr: int, handle: int, kind: str) -> Any:
                                runtime.cudaGraphConditionalNodeType.cudaGraphCondTypeIf)
     params.conditional.size = 1
     count = len(dependencies)
-    if major >= 13:  # 13.x: the edge-data forms lost their _v2 suffix
+    if major >= 13:  # 13.x: the node names its execution context; the edge-data forms lost
+        # their _v2 suffix. (12.x has no ctx: the context current when the graph is launched)
+        params.conditional.ctx = _execution_context(runtime)
         added = runtime.cudaGraphAddNode(graph, dependencies, None, count, params)
         update = runtime.cudaStreamUpdateCaptureDependencies(
             stream_ptr, _ok(added, "cudaGraphAddNode"), None, 1,
@@ -79,6 +81,14 @@ def add_conditional_node(stream_ptr: int, handle: int, kind: str) -> Any:
             runtime.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies)
     _ok(update, "cudaStreamUpdateCaptureDependencies")
     return params.conditional.phGraph_out[0]
+
+
+def _execution_context(runtime: Any) -> Any:
+    """The current device's execution context (its primary context), which CUDA 13's
+    ``cudaConditionalNodeParams.ctx`` must name (left empty, the node has no context)."""
+    (device,) = _ok(runtime.cudaGetDevice(), "cudaGetDevice")
+    (context,) = _ok(runtime.cudaDeviceGetExecutionCtx(device), "cudaDeviceGetExecutionCtx")
+    return context
 
 
 def begin_capture_into(stream_ptr: int, graph: Any) -> None:

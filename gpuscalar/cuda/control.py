@@ -102,7 +102,15 @@ _depth = threading.local()
 _launched: list[tuple[Any, Any, Any]] = []
 
 
+#: How deep loops and branches may nest with their body streams (and their cuBLAS handles)
+#: made before any recording: a stream exists only once made, and a body is recorded on its
+#: stream during the capture, when nothing may be allocated (a cuBLAS handle's workspace)
+PREPARED_DEPTH = 4
+
+
 def _body_stream(device: object, depth: int) -> Any:
+    """The stream a body at nesting ``depth`` is recorded on (made once, with its cuBLAS
+    handle and constants, by `_prepare_bodies` before any recording)."""
     with _streams_lock:
         stream = _body_streams.get((device, depth))
         if stream is None:
@@ -111,8 +119,17 @@ def _body_stream(device: object, depth: int) -> Any:
         else:
             made = False
     if made and not CUPY.seam.current_stream().is_capturing():
-        linalg.prepare(CUPY, device, stream, handle=linalg.handles_made())
+        linalg.prepare(CUPY, device, stream, handle=True)
     return stream
+
+
+def _prepare_bodies(device: object) -> None:
+    """Make the body streams of every nesting depth up to `PREPARED_DEPTH`, each with its cuBLAS
+    handle (so `gs.matmul` in a body finds it), before the first recording: inside a capture
+    they could not be prepared. Called where no stream captures (a loop outside a capture, and
+    the warm-up of `gs.capture`, which runs loops that way)."""
+    for depth in range(-1, PREPARED_DEPTH):
+        _body_stream(device, depth)
 
 
 def _set_conditional(handle: int, flag: Any, invert: bool, count: Any, limit: int) -> None:
@@ -207,6 +224,7 @@ def _run_recorded(device: object, record: Callable[[], None]) -> None:
             record()
             return
         _reap()
+        _prepare_bodies(device)
         stream, pool = _body_stream(device, -1), seam.new_memory_pool()
         stream.wait_event(current.record())
         with stream, seam.using_allocator(pool.malloc), graphs._recording():
