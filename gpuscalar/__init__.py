@@ -41,6 +41,7 @@ from .math import (
     where,
 )
 from .optim import all_finite, clip_grad_norm
+from .progress import progress
 from .promote import Rule
 from .reduce import (
     all,
@@ -131,6 +132,7 @@ __all__ = [
     "optim",
     "power",
     "prod",
+    "progress",
     "sign",
     "sin",
     "sqrt",
