@@ -268,10 +268,10 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     """Give a real per-backend class dunders with the backend's ufuncs bound (the hot path).
 
     A real GPUScalar with a Python bool/int/float, or with a GPUScalar of the same class,
-    can only produce a real result of the same backend, so the result class is known without
-    looking at dtypes. Everything else goes to `_binary`, which handles all cases. Lazy, an
-    operation is a dict lookup of its loop (per operand dtypes), the conversion of a Python
-    number, and one node; eager, one ufunc call.
+    can only produce a real result of the same backend (weak, or strong for a NumPy ufunc or a
+    strong class), so the result class is known without looking at dtypes. Everything else
+    goes to the general paths. An operation is a dict lookup of its loop (per operand dtypes),
+    the conversion of a Python number, and one node; eager evaluates that node at once.
     """
     fast_class = cls
     strong = cls._is_strong
