@@ -27,15 +27,23 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import IO, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from .sync import describe
 
-__all__ = ["EVERY", "REFRESH", "Progress", "progress"]
+__all__ = ["EVERY", "REFRESH", "Progress", "TextOutput", "progress"]
 
 T = TypeVar("T")
+
+
+class TextOutput(Protocol):
+    """Where a bar draws: a text file (``sys.stderr``, an open file, ``io.StringIO``); its
+    ``flush()`` is called after each line and its ``isatty()`` tells whether it is a terminal,
+    where it has them."""
+
+    def write(self, text: str, /) -> object: ...
 
 #: Seconds between two lines when the output is not a terminal (``every``'s default).
 EVERY = 10.0
@@ -48,7 +56,7 @@ _HOST_VALUES = (bool, int, float, complex, str, np.generic)
 
 
 def progress(iterable: Iterable[T], log: Any = None, *, total: int | None = None,
-             desc: str | None = None, file: IO[str] | None = None, every: float = EVERY,
+             desc: str | None = None, file: TextOutput | None = None, every: float = EVERY,
              start: int = 0, flush: bool = False,
              on_row: Callable[[Mapping[str, Any]], object] | None = None,
              terminal: bool | None = None,
@@ -77,7 +85,7 @@ class Progress(Generic[T]):
     """The bar `progress` returns: iterate over it once; closing it draws the final line."""
 
     def __init__(self, iterable: Iterable[T], log: Any, *, total: int | None, desc: str | None,
-                 file: IO[str] | None, every: float, start: int, flush: bool,
+                 file: TextOutput | None, every: float, start: int, flush: bool,
                  on_row: Callable[[Mapping[str, Any]], object] | None, terminal: bool | None,
                  clock: Callable[[], float]) -> None:
         _check(iterable, log, total, desc, file, every, start, flush, on_row, terminal, clock)
@@ -90,7 +98,7 @@ class Progress(Generic[T]):
         self.log = log
         self.total = total
         self.desc = desc
-        self.file: IO[str] = sys.stderr if file is None else file
+        self.file: TextOutput = sys.stderr if file is None else file
         self.every = float(every)
         self.start = start
         self.flush_at_end = flush
@@ -244,7 +252,9 @@ class Progress(Generic[T]):
         else:
             self.file.write("\r" + line.ljust(self._width) + ("\n" if final else ""))
             self._width = len(line)
-        self.file.flush()
+        flush = getattr(self.file, "flush", None)
+        if flush is not None:
+            flush()
 
     def line(self) -> str:
         """The plain line: ``desc: 57/200 [28%, 0.9s, 63.3 steps/s] loss=0.6701, ...``."""

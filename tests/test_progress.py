@@ -405,3 +405,16 @@ def test_bad_iterables_logs_and_rows_are_refused_by_name():
 
 def test_gs_progress_is_the_function():
     assert gs.progress is progress and "progress" in gs.__all__
+
+
+def test_any_object_with_write_is_a_file():
+    class Writer:  # no flush(), no isatty(): not a terminal
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            self.parts.append(text)
+
+    out = Writer()
+    assert list(gs.progress(range(2), file=out, clock=Clock())) == [0, 1]
+    assert out.parts == ["2/2 [100%, 0.0s]\n"]
