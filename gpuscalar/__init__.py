@@ -9,6 +9,7 @@ from . import arrays, operators  # noqa: F401, I001
 from . import ad, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .control import cond, while_loop
+from .deferred import MetricLog, read
 from .cuda.graphs import CapturedStep, capture
 from .cuda.linalg import matmul
 from .lazy.expr import cache_size, lazy, set_cache_size
@@ -79,6 +80,7 @@ __all__ = [
     "Backend",
     "CapturedStep",
     "GPUScalar",
+    "MetricLog",
     "Rule",
     "SyncCounter",
     "SyncError",
@@ -132,6 +134,7 @@ __all__ = [
     "optim",
     "power",
     "prod",
+    "read",
     "progress",
     "sign",
     "sin",

@@ -243,6 +243,40 @@ class CudaSeam:
         """A context manager routing CuPy's allocations to ``malloc`` in this thread."""
         return self._cupy().cuda.using_allocator(malloc)
 
+    # ---- asynchronous copies to pinned host memory (gpuscalar.cuda.metrics: gs.MetricLog) -------
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        """A NumPy ``uint8`` array of ``nbytes`` in pinned (page-locked) host memory: where an
+        asynchronous device->host copy can land while the host goes on."""
+        memory = self._cupy().cuda.alloc_pinned_memory(int(nbytes))  # (cupyx.empty_pinned's way)
+        return np.frombuffer(memory, np.uint8, int(nbytes))
+
+    def new_event(self) -> Any:
+        """A new ``cupy.cuda.Event`` without timing data (the cheapest to record and query)."""
+        return self._cupy().cuda.Event(block=False, disable_timing=True)
+
+    def record_event(self, event: Any, stream: Any) -> None:
+        """Record ``event`` on ``stream``: it completes when the work queued there so far has."""
+        event.record(stream)
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        """Enqueue a copy of ``nbytes`` from address ``src`` to ``dst`` on ``stream``
+        (``cudaMemcpyAsync``, the direction read from the addresses: device to device, or
+        device to pinned host memory). Nothing waits: an event recorded after it tells when it
+        is done."""
+        runtime = self._cupy().cuda.runtime
+        runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream.ptr)
+
+    def event_done(self, event: Any) -> bool:
+        """Whether ``event`` has completed (``cudaEventQuery``: a poll, never a wait)."""
+        return bool(event.done)
+
+    def event_wait(self, event: Any) -> None:
+        """Block until ``event`` has completed (``cudaEventSynchronize``): a wait, not a value
+        read; for releasing host buffers a copy may still write (values are read through
+        `gpuscalar.sync.to_host`)."""
+        event.synchronize()
+
     # ---- cuBLAS (gpuscalar.cuda.cublas: CuPy's own cuBLAS refuses a capturing stream) ------
 
     def blas_handle(self, stream: Any) -> Any:

@@ -33,6 +33,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import itertools
 import re
@@ -44,7 +45,7 @@ import numpy as np
 
 from gpuscalar.backend import CUPY, CudaSeam
 from gpuscalar.cuda import control as cuda_control
-from gpuscalar.cuda import cublas
+from gpuscalar.cuda import cublas, metrics
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
 
@@ -52,6 +53,8 @@ from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host,
 
 C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32,
            "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
+#: the one-word type names of gs.MetricLog's record kernels (gpuscalar.cuda.metrics.C_NAMES)
+C_TYPES.update({name: dtype.type for dtype, name in metrics.C_NAMES.items()})
 
 
 def kernel_structs(source: str) -> dict[str, np.dtype]:
@@ -322,6 +325,48 @@ def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
         target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
 
 
+#: One store of a gs.MetricLog record kernel (`gpuscalar.cuda.metrics.record_source`): a
+#: column written at byte OFFSET of the row from a parameter (by value, or ``NAME[0]``).
+_RECORD_STORE = re.compile(
+    r"\*reinterpret_cast<(\w+)\*>\(_gs_row \+ (\d+)\) = static_cast<\w+>\((\w+)(\[0\])?\);")
+
+
+def _run_record_kernel(launch: Launch) -> None:
+    """What a record kernel does, on the fake memory: read the counter, write the row at
+    ``counter % capacity`` (each column from its parameter, cast to the column's type; a
+    column computed from a pending expression is not computed, as for any fused value), its
+    step, and bump the counter."""
+    args = launch.args[2]
+    _, params, _ = parse_kernel(launch.source, launch.name)
+    by_name = {param[3]: arg for param, arg in zip(params, args, strict=True)}
+    state = host_view(args[0]).view(np.uint8)
+    capacity = int(args[1])
+    row_bytes = int(re.search(r"_gs_row_bytes = (\d+);", launch.source).group(1))
+    step = int(state[:8].view(np.int64)[0])
+    base = 16 + (step % capacity) * row_bytes
+    for ctype, offset, name, pointer in _RECORD_STORE.findall(launch.source):
+        if name not in by_name:
+            continue
+        arg = by_name[name]
+        value = np.asarray(host_view(arg) if pointer else arg).astype(C_TYPES[ctype])
+        start = base + int(offset)
+        state[start:start + value.itemsize] = value.reshape(1).view(np.uint8)
+    state[base:base + 8] = np.array([step], np.int64).view(np.uint8)
+    state[:8] = np.array([step + 1], np.int64).view(np.uint8)
+
+
+@dataclasses.dataclass
+class AsyncCopy:
+    """One asynchronous copy (`CudaSeam.copy_async`): ``kind`` is "D2D" or "D2H" (into pinned
+    host memory)."""
+
+    dst: int
+    src: int
+    nbytes: int
+    stream: Any
+    kind: str
+
+
 def _uploads_a_pointer_table(launch: Launch) -> bool:
     """Whether CuPy's ``concatenate`` (``stack``, ``vstack``, ...) copies a table of the
     inputs' pointers from the host: more than 8 inputs of the output's dtype, under 2 MiB each
@@ -476,8 +521,16 @@ class RecordingSeam(CudaSeam):
         self._streams: list[FakeStream] = []
         self._checking = threading.local()
         self.conditions: dict[int, bool] = {}  # conditional handle -> its flag
+        #: pinned host buffers, asynchronous copies, event records/queries/waits (MetricLog)
+        self.pinned: list[np.ndarray] = []
+        self.copies: list[AsyncCopy] = []
+        self.event_records: list[tuple[FakeEvent, Any]] = []
+        self.event_queries = self.event_waits = 0
+        #: while True, a recorded event stays pending until `complete_events` (or a read)
         self.conditionals: list[FakeConditional] = []
         self._handles = itertools.count(0x9000)
+
+    hold_events = False
 
     def array(self, values: Any, dtype: Any = None) -> Any:
         """A fake-memory ``cupy.ndarray`` holding ``values`` (test input; not an upload)."""
@@ -610,6 +663,8 @@ class RecordingSeam(CudaSeam):
                 limit < 0 or host_view(count).item() < limit)
             self.conditions[int(handle)] = go
             return None
+        if kind == "raw" and launch.name.startswith(metrics.RECORD_PREFIX):
+            return _run_record_kernel(launch)
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":
@@ -658,6 +713,7 @@ class RecordingSeam(CudaSeam):
         return cupy_or_fail().RawKernel(source, name, options=options)
 
     def copy_to_host(self, array: Any) -> Any:
+        self.complete_events()  # a blocking read: the device has done what was queued before
         self.reads.append(array)
         host = host_view(array)
         return host.item() if host.ndim == 0 else host.copy()
@@ -700,6 +756,53 @@ class RecordingSeam(CudaSeam):
 
     def using_allocator(self, malloc: Any) -> Any:
         return cupy_or_fail().cuda.using_allocator(malloc)
+
+    # ---- pinned memory, events and asynchronous copies (gs.MetricLog) ----
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        buffer = np.zeros(int(nbytes), np.uint8)
+        self.pinned.append(buffer)
+        return buffer
+
+    def new_event(self) -> FakeEvent:
+        return FakeEvent()
+
+    def record_event(self, event: Any, stream: Any) -> None:
+        assert isinstance(event, FakeEvent) and isinstance(stream, FakeStream), (event, stream)
+        assert stream.captured is None, "an event recorded on a capturing stream"
+        event.done = not self.hold_events
+        self.event_records.append((event, stream))
+
+    def complete_events(self) -> None:
+        """The device catches up: every recorded event completes."""
+        for event, _ in self.event_records:
+            event.done = True
+
+    def event_done(self, event: Any) -> bool:
+        assert isinstance(event, FakeEvent)
+        self.event_queries += 1
+        return event.done
+
+    def event_wait(self, event: Any) -> None:
+        assert isinstance(event, FakeEvent)
+        self.event_waits += 1
+        event.done = True
+
+    def _pinned_holds(self, address: int, nbytes: int) -> bool:
+        return any(b.ctypes.data <= address and address + nbytes <= b.ctypes.data + b.nbytes
+                   for b in self.pinned)
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        assert isinstance(stream, FakeStream), stream
+        assert stream.captured is None, "an asynchronous copy on a capturing stream"
+        assert self.memory.region(src, nbytes) is not None, "the source is no device memory"
+        if self.memory.region(dst, nbytes) is not None:
+            kind = "D2D"
+        else:
+            assert self._pinned_holds(dst, nbytes), "the target is neither device nor pinned"
+            kind = "D2H"
+        ctypes.memmove(dst, src, nbytes)  # the fake device copies at once (in stream order)
+        self.copies.append(AsyncCopy(dst, src, nbytes, stream, kind))
 
     def end_abandoned_capture(self, stream: Any) -> None:
         stream.captured = None

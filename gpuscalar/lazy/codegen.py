@@ -62,6 +62,7 @@ __all__ = [
     "materialize_spec",
     "ArrayOperand",
     "fused_spec",
+    "pack_spec",
 ]
 
 
@@ -533,4 +534,49 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
         name=f"gpuscalar_fused_{ufunc_name}_{digest}",
         preambles=tuple(headers + preambles),
         loop_prep="\n".join(loop_prep),
+    )
+
+
+def pack_spec(items: list[tuple[Any, ...]]) -> KernelSpec:
+    """The kernel of a read of several values at once (`gpuscalar.read`): one thread packs every
+    value into the raw bytes ``_gs_pack`` for one transfer. Each item is ``("leaf", dtype)`` (a
+    0-d device array, a materialized GPUScalar) or ``("node", root, extras)`` (a pending
+    GPUScalar, computed here from its leaves, as `read_spec` computes one). Slot k (16 bytes,
+    aligned for any dtype) holds the k-th item's value; the device leaves at positions
+    ``extras`` of each pending item follow, item by item, so they become known with it. Every
+    name of item k starts with ``_gs_{k}_``; the kernel is launched with ``size=1`` (all its
+    arrays are raw)."""
+    params: list[str] = []
+    statements: list[str] = []
+    preambles: list[str] = []
+    headers: list[str] = []
+    values: list[tuple[str, np.dtype]] = []
+    extra_values: list[tuple[str, np.dtype]] = []
+    described: list[str] = []
+    for k, item in enumerate(items):
+        prefix = f"_gs_{k}_"
+        if item[0] == "leaf":
+            code = leaf_code(np.dtype(item[1]), prefix)
+            described.append(f"l{code.dtype.str}")
+        else:
+            _, root, extras = item
+            code = scalar_code(root, prefix)
+            for index in extras:
+                name, dtype, is_leaf = code.params[index]
+                assert is_leaf, "only device leaves are packed"
+                extra_values.append((f"{name}[0]", dtype))
+            described.append(f"n{expr.describe_structure(root.key)}{tuple(extras)}")
+        params += _param_list(code)
+        statements += code.statements
+        preambles += [part for part in code.preambles if part not in preambles]
+        values.append((code.value, code.dtype))
+    stores = [f"*reinterpret_cast<{cuda_type(dtype, headers)}*>(&_gs_pack[{16 * slot}]) = "
+              f"{value};" for slot, (value, dtype) in enumerate(values + extra_values)]
+    digest = hashlib.sha1("|".join(described).encode()).hexdigest()[:16]
+    return KernelSpec(
+        in_params=", ".join(params),
+        out_params="raw uint8 _gs_pack",
+        operation="\n".join([*statements, *stores]),
+        name=f"gpuscalar_read_many_{len(items)}_{digest}",
+        preambles=tuple(dict.fromkeys(headers + preambles)),
     )

@@ -40,7 +40,7 @@ from . import codegen, expr
 from .expr import DEFAULT_CACHE_SIZE, KEY, BoundedCache, cache_size, set_cache_size
 
 __all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize", "unpack",
-           "PACK_SLOT",
+           "PACK_SLOT", "pack_values",
            "fused_ufunc", "DEFAULT_CACHE_SIZE", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
            "cupy_fuses_keywords", "BoundedCache", "cache_size", "set_cache_size"]
 
@@ -525,3 +525,85 @@ def _overlaps(out: Any, other: Any) -> bool:
     may_share = _may_share_bounds
     assert may_share is not None  # set by `_any_overlap`, the only caller
     return bool(may_share(out, other))
+
+
+# ---- reading several values with one transfer (gpuscalar.read) ------------------------------
+
+
+def pack_values(backend: Backend, device: object, entries: list[tuple[Any, tuple[int, ...]]]
+                ) -> Any:
+    """For a read of several values with one transfer (`gpuscalar.read`): ONE device op that
+    packs them into a new 1-d uint8 array of `PACK_SLOT`-byte slots (`unpack` reads it back).
+
+    Each entry is ``(a 0-d array, ())`` or ``(a pending node, extras)``: slot k holds entry k's
+    value (a pending one computed from its leaves, in the same op), and the leaves at positions
+    ``extras`` of `expr.leaves_of` of each pending entry follow, entry by entry. On NumPy and
+    the strict device the op evaluates on the host data; on CuPy it is one generated kernel
+    (`codegen.pack_spec`; a pending entry CuPy cannot fuse is materialized first, eagerly).
+    """
+    if backend.evaluates_on_host:
+        return backend.call(_pack_on_host, backend, entries)
+    if backend is not CUPY:
+        raise NotImplementedError(f"no packed read on the {backend.name} backend")
+    items: list[tuple[Any, ...]] = []
+    args: list[Any] = []
+    for value, extras in entries:
+        if type(value) is expr.Node:
+            items.append(("node", value, extras))
+            args += expr.leaves_of(value)
+        else:
+            items.append(("leaf", value.dtype))
+            args.append(value)
+    key = ("read_many", tuple(("leaf", item[1]) if item[0] == "leaf"
+                              else ("node", item[1].key, item[2]) for item in items))
+    kernel = _cached_kernel(key, codegen.pack_spec, items)
+    if kernel is None:  # an op CuPy cannot fuse: its entries evaluated first, then packed
+        return pack_values(backend, device, _materialized_entries(backend, device, entries))
+    with backend.device_context(device):
+        packed = backend.xp.empty(PACK_SLOT * _slot_count(entries), dtype=np.uint8)
+        backend.call(kernel, *args, packed, size=1)
+    return packed
+
+
+def _slot_count(entries: list[tuple[Any, tuple[int, ...]]]) -> int:
+    return len(entries) + sum(len(extras) for _, extras in entries)
+
+
+def _materialized_entries(backend: Backend, device: object,
+                          entries: list[tuple[Any, tuple[int, ...]]]
+                          ) -> list[tuple[Any, tuple[int, ...]]]:
+    """``entries`` with every pending value evaluated eagerly (`_replay_eagerly`) and its
+    extras as entries of their own, after the values: the same slots."""
+    values: list[tuple[Any, tuple[int, ...]]] = []
+    extras: list[tuple[Any, tuple[int, ...]]] = []
+    for value, positions in entries:
+        if type(value) is expr.Node:
+            leaves = expr.leaves_of(value)
+            with backend.device_context(device):
+                values.append((_replay_eagerly(backend, value), ()))
+            extras += [(leaves[i], ()) for i in positions]
+        else:
+            values.append((value, ()))
+    return values + extras
+
+
+def _pack_on_host(backend: Backend, entries: list[tuple[Any, tuple[int, ...]]]) -> Any:
+    data = backend.host_data
+    values: list[Any] = []
+    extras: list[Any] = []
+    like = None
+    for value, positions in entries:
+        if type(value) is expr.Node:
+            leaves = expr.leaves_of(value)
+            values.append(expr.evaluate_on_host(value, data))
+            extras += [data(leaves[i]) for i in positions]
+            like = like if like is not None else _first_array(leaves)
+        else:
+            values.append(data(value))
+            like = like if like is not None else value
+    packed = np.zeros(PACK_SLOT * (len(values) + len(extras)), np.uint8)
+    for slot, item in enumerate([*values, *extras]):
+        item = np.asarray(item)
+        packed[PACK_SLOT * slot:PACK_SLOT * slot + item.dtype.itemsize] = \
+            item.reshape(1).view(np.uint8)
+    return backend.from_host_data(packed, like)
