@@ -8,13 +8,17 @@ no sync. These functions give that to CuPy users, with the same semantics on eve
 - ``gs.while_loop(cond, body, *state, max_iter)`` runs ``body(*state)`` while ``cond(*state)``
   (a bool GPUScalar or 0-d bool device array) holds and fewer than ``max_iter`` iterations have
   run; returns the number of iterations as an int64 GPUScalar (no sync). ``state`` is device
-  arrays that ``body`` updates in place.
+  arrays (a changing scalar in a 0-d array) that ``body`` updates in place, or whose new values
+  it returns (JAX-style; copied into the state's buffers on the device). Either way the arrays
+  passed hold the final state after the loop.
 - ``gs.cond(pred, true_fn, false_fn, *operands)`` runs one branch (either may be None).
 
 ``cond``, ``body`` and the branches follow `gs.capture`'s rules: no sync (`SyncError` naming
 the user's line), no host-to-device copy, and a pending GPUScalar made outside and used inside
-is evaluated where it is used, at every iteration, from its inputs' current values, never
-cached on the scalar (`ledger.loop_body`): it is still pending after the loop.
+is evaluated where it is used, never cached on the scalar (`ledger.loop_body`): it is still
+pending after the loop. A GPU records a body once, and both branches of a ``cond``: so on every
+backend a body is checked (no sync, no upload, its result's form) even when the loop runs zero
+times, and both branches are checked though one runs (`bodies.check_run`).
 
 On NumPy and the strict device this module runs them on the host (the "host executor"): the
 predicate reads are not syncs (they stand for the device's decision), and the whole loop or
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .backend import CUPY, NUMPY, Backend, backend_of, default_backend
-from .bodies import host_cond, host_while, predicate_array
+from .bodies import host_cond, host_while, predicate_array, refuse_scalar_state
 from .scalar import GPUScalar
 
 __all__ = ["while_loop", "cond"]
@@ -70,7 +74,7 @@ def _placement(what: str, values: tuple[Any, ...]) -> tuple[Backend, object]:
             if backend is None:
                 raise TypeError(
                     f"gs.{what}: argument {index} is a {type(value).__name__}; the state is "
-                    "device arrays updated in place (close over anything else)"
+                    "device arrays (close over anything else)"
                 )
             where = (backend, backend.device_of(value))
         if found is None:
@@ -95,13 +99,19 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], *state: Any,
     have run, deciding on the device; returns the number of iterations as an int64 GPUScalar.
 
     ``cond`` returns a bool GPUScalar or 0-d bool device array (a Python bool is a
-    `TypeError`); ``body`` updates the ``state`` arrays in place and returns None. Neither may
-    sync or copy host data to the device. ``max_iter`` (a required keyword, an int >= 0)
-    bounds the loop: one running on a GPU cannot be interrupted.
+    `TypeError`). ``state`` is device arrays (a changing scalar lives in a 0-d array; a
+    GPUScalar, a value that never changes, cannot be state). ``body`` either updates them in
+    place and returns None, or returns their new values (a tuple with one per state item, or
+    the one value for a single item: arrays of the item's shape and dtype, GPUScalars for 0-d
+    items), which the loop copies into the state's arrays on the device. Either way the arrays
+    passed hold the final state afterwards. Neither function may sync or copy host data to the
+    device. ``max_iter`` (a required keyword, an int >= 0) bounds the loop: one running on a
+    GPU cannot be interrupted.
     """
     _check_callable(cond, "while_loop", "cond")
     _check_callable(body, "while_loop", "body")
     limit = _check_max_iter(max_iter)
+    refuse_scalar_state(state)
     backend, device = _placement("while_loop", state)
     if backend is CUPY:
         from .cuda import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
@@ -115,7 +125,8 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
     """Run ``true_fn(*operands)`` if the device predicate ``pred`` (a bool GPUScalar or 0-d
     bool device array) holds, else ``false_fn(*operands)``, deciding on the device; either
     branch may be None. Branches update arrays in place and return None; they may not sync or
-    copy host data to the device."""
+    copy host data to the device. Both are checked, as a GPU records both: the branch not taken
+    runs once on the CPU backends only to be checked, its writes undone."""
     _check_callable(true_fn, "cond", "true_fn", optional=True)
     _check_callable(false_fn, "cond", "false_fn", optional=True)
     if type(pred) is np.bool_:  # NumPy's 0-d comparisons give NumPy scalars

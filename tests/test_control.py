@@ -9,11 +9,13 @@ and every bad input is an error saying what was wrong.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ import pytest
 import gpuscalar as gs
 from bench import gpu_control
 
-from .helpers import host
+from .helpers import backend_name, host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,8 +87,11 @@ def test_max_iter_bounds_the_loop(xp, max_iter):
         x *= 0.5
 
     n = gs.while_loop(cond, body, x, max_iter=max_iter)
-    assert host(n) == max_iter == len(calls)
+    assert host(n) == max_iter
     assert host(x).item() == 100.0 * 0.5**max_iter
+    # the body runs in Python at least once: recorded once on a GPU; on the CPU once per
+    # iteration, or once only to be checked when the loop runs zero times (undone: x above)
+    assert len(calls) == (1 if backend_name(xp) == "cupy" else max(max_iter, 1))
 
 
 def test_a_false_predicate_runs_no_iteration(xp):
@@ -226,6 +231,286 @@ def test_cond_with_a_missing_branch_does_nothing(xp):
     assert host(out).item() == 0.0
 
 
+# ---- functional state: the body returns the new values ------------------------------------------
+
+
+def test_a_body_may_return_the_new_state_which_the_arrays_passed_hold_afterwards(xp):
+    x = xp.full((), 100.0)
+    with gs.count_syncs() as counter:
+        n = gs.while_loop(lambda x: gs.GPUScalar(x) > 1.0, lambda x: x * 0.5, x,
+                          max_iter=1000)
+    assert counter.count == 0 and counter.device_ops == 1
+    expected_x, expected_n = _plain_halving()
+    assert host(n) == expected_n and host(x).item() == expected_x
+
+
+def _cg_system(xp, n=12):
+    rng = np.random.default_rng(3)
+    m = rng.standard_normal((n, n))
+    return xp.asarray(m @ m.T / n + np.eye(n)), xp.asarray(rng.standard_normal(n))
+
+
+def _dot(u, v):
+    """``u . v`` as a GPUScalar through gs.matmul (works in bodies on every device)."""
+    return gs.GPUScalar(gs.matmul(u, v))
+
+
+def _cg_start(xp, a, b):
+    x = xp.zeros_like(b)
+    r = b - gs.matmul(a, x)
+    return x, r, r.copy(), _dot(r, r).array.copy()
+
+
+def test_cg_rebinding_as_written_equals_cg_in_place_bit_for_bit(xp):
+    """``p = r + beta * p`` and ``rr = rr_new`` ported as written (the body returns the new
+    state, a GPUScalar for the 0-d item) and as in-place writes: the same iterates."""
+    a, b = _cg_system(xp)
+
+    def functional(x, r, p, rr):
+        ap = gs.matmul(a, p)
+        alpha = gs.GPUScalar(rr) / _dot(p, ap)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rr_new = _dot(r, r)
+        p = r + (rr_new / gs.GPUScalar(rr)) * p
+        return x, r, p, rr_new
+
+    def in_place(x, r, p, rr):
+        ap = gs.matmul(a, p)
+        alpha = gs.GPUScalar(rr) / _dot(p, ap)
+        x[...] = x + alpha * p
+        r[...] = r - alpha * ap
+        rr_new = _dot(r, r)
+        p[...] = r + (rr_new / gs.GPUScalar(rr)) * p
+        rr[...] = rr_new.array
+
+    results = []
+    for body in (functional, in_place):
+        state = _cg_start(xp, a, b)
+        with gs.count_syncs() as counter:
+            n = gs.while_loop(lambda x, r, p, rr: gs.norm(r) > 1e-10, body, *state,
+                              max_iter=100)
+        assert counter.count == 0 and counter.device_ops == 1
+        results.append((host(n), host(state[0]).tobytes()))
+    assert results[0] == results[1] and 0 < results[0][0] < 100
+    np.testing.assert_allclose(host(gs.matmul(a, xp.asarray(np.frombuffer(results[0][1])))),
+                               host(b), atol=1e-8)
+
+
+def test_new_values_are_taken_before_any_buffer_is_written(xp):
+    """``a, b = b, a`` and a reversed view of the state: values that are (views of) state
+    buffers being written are copied aside first."""
+    a, b, i = xp.zeros(3), xp.ones(3), xp.zeros((), dtype=np.int64)
+    n = gs.while_loop(lambda a, b, i: i < 3, lambda a, b, i: (b, a, i + 1), a, b, i,
+                      max_iter=10)
+    assert host(n) == 3 and host(a).tolist() == [1.0] * 3 and host(b).tolist() == [0.0] * 3
+    x = xp.arange(4.0)
+    gs.while_loop(lambda x: gs.sum(x) < 100.0, lambda x: x[::-1], x, max_iter=3)
+    assert host(x).tolist() == [3.0, 2.0, 1.0, 0.0]  # reversed three times
+
+
+def test_items_returned_unchanged_are_not_copied_and_in_place_writes_stay(xp):
+    x, total = xp.zeros(2), xp.zeros(())
+
+    def body(x, total):
+        x += 1.0  # in place
+        return x, gs.GPUScalar(total) + gs.sum(x)  # x itself: no copy
+
+    n = gs.while_loop(lambda x, total: gs.GPUScalar(total) < 10.0, body, x, total, max_iter=10)
+    assert host(n) == 3 and host(x).tolist() == [3.0, 3.0]
+    assert host(total).item() == 2.0 + 4.0 + 6.0
+
+
+@pytest.mark.parametrize(("result", "match"), [
+    (lambda x, y: x, "the body returned an? \\w+; .*None.*or a tuple of 2 new values"),
+    (lambda x, y: (x,), "a tuple of 1 items for 2 state items"),
+    (lambda x, y: (x, y, x), "a tuple of 3 items"),
+    (lambda x, y: (x, x[:2]), "new state item 1 is an array of shape \\(2,\\).*state item 1 "
+                              "has shape \\(3,\\)"),
+    (lambda x, y: (x, y.astype(np.float32)), "new state item 1 .*dtype float32.*dtype float64"),
+    (lambda x, y: (gs.sum(x), y), "new state item 0 is a GPUScalar of shape \\(\\).*state item "
+                                  "0 has shape \\(2,\\)"),
+    (lambda x, y: (x, 1.5), "new state item 1 is a float, not a device value"),
+    (lambda x, y: (x, [1.0, 2.0, 3.0]), "new state item 1 is a list"),
+])
+def test_a_result_of_neither_form_is_a_type_error_saying_what_was_expected(xp, result, match):
+    x, y = xp.zeros(2), xp.zeros(3)
+    with pytest.raises(TypeError, match=match):
+        gs.while_loop(lambda x, y: gs.sum(x) < 1.0, result, x, y, max_iter=5)
+    assert host(x).tolist() == [0.0, 0.0]
+
+
+def test_a_value_of_another_backend_is_named(xp):
+    if backend_name(xp) == "numpy":
+        other, x = gs.strict.xp.zeros(()), np.zeros(())
+    else:
+        other, x = np.zeros(()), xp.zeros(())
+    with pytest.raises(TypeError, match="new state item 0 is a .* value but the state is on"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 1.0, lambda x: other, x, max_iter=3)
+
+
+def test_a_gpuscalar_cannot_be_state_and_the_error_says_what_to_pass(xp):
+    s = gs.asscalar(1.0, like=xp.zeros(()))
+    with pytest.raises(TypeError, match="state item 0 is a GPUScalar, an immutable value.*0-d "
+                                        "array"):
+        gs.while_loop(lambda s: s < 3.0, lambda s: s + 1.0, s, max_iter=3)
+    box = s.array.copy()  # what to pass instead: a 0-d array the loop keeps the value in
+    n = gs.while_loop(lambda b: gs.GPUScalar(b) < 3.0, lambda b: gs.GPUScalar(b) + 1.0, box,
+                      max_iter=10)
+    assert host(n) == 2 and host(box).item() == 3.0 and host(s) == 1.0
+
+
+# ---- the CPU checks what the GPU records ---------------------------------------------------------
+
+
+def test_a_body_whose_loop_runs_zero_times_is_checked_for_syncs(xp):
+    x = xp.zeros(())
+
+    def body(x):
+        if float(gs.GPUScalar(x)) > 0:  # the line named
+            x -= 1
+
+    line = inspect.getsourcelines(body)[1] + 1
+    with pytest.raises(gs.SyncError, match=rf"test_control.py:{line}"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) > 0, body, x, max_iter=10)
+    with pytest.raises(gs.SyncError):  # max_iter=0 too: a GPU records the body all the same
+        gs.while_loop(lambda x: gs.GPUScalar(x) < 1, body, x, max_iter=0)
+
+
+def test_a_body_whose_loop_runs_zero_times_is_checked_for_its_results_form(xp):
+    x = xp.zeros(())
+    with pytest.raises(TypeError, match="new state item 0 is a float"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) > 0, lambda x: 2.0, x, max_iter=10)
+    with pytest.raises(TypeError, match="a tuple of 2 items for 1 state item"):
+        gs.while_loop(lambda x: gs.GPUScalar(x) > 0, lambda x: (x, x), x, max_iter=10)
+
+
+def test_an_upload_in_a_body_that_never_runs_is_refused_on_the_strict_device():
+    xp = gs.strict.xp
+    x = xp.zeros(3)
+
+    def body(x):
+        x += xp.asarray(np.ones(3))
+
+    with pytest.raises(RuntimeError, match="H2D"):
+        gs.while_loop(lambda x: gs.sum(x) > 2, body, x, max_iter=5)
+
+
+def test_the_check_run_changes_nothing_and_counts_nothing(xp):
+    """A loop that runs zero times: its body runs once only to be checked, and what it wrote
+    (the state, an array it closes over, one reached through an object) is put back; the
+    loop is one device op and no sync, as before. Floating-point warnings are off there (a
+    body that never runs may see 0/0)."""
+    x, scratch = xp.ones(3), xp.zeros(3)
+    holder = type("Holder", (), {})()
+    holder.buffer = xp.zeros(2)
+
+    def body(x):
+        scratch[...] = x / (x - x)  # 0/0 in the check run: no warning
+        holder.buffer += 5.0
+        return x * 2.0
+
+    with gs.count_syncs() as counter, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        n = gs.while_loop(lambda x: gs.sum(x) > 10.0, body, x, max_iter=10)
+    assert counter.count == 0 and counter.device_ops == 1 and host(n) == 0
+    assert host(x).tolist() == [1.0] * 3 and host(scratch).tolist() == [0.0] * 3
+    assert host(holder.buffer).tolist() == [0.0, 0.0]
+
+
+def test_a_loop_that_runs_is_not_run_again(xp):
+    x, calls = xp.zeros(()), []
+
+    def body(x):
+        calls.append(1)
+        x += 1.0
+
+    n = gs.while_loop(lambda x: gs.GPUScalar(x) < 3.0, body, x, max_iter=10)
+    assert host(n) == 3 == len(calls) and host(x).item() == 3.0
+
+
+def test_the_branch_not_taken_is_checked_for_syncs_and_its_form(xp):
+    out = xp.zeros(())
+    taken = gs.GPUScalar(out) == 0
+
+    def syncs(o):
+        if float(gs.GPUScalar(o)) > 0:  # the line named
+            o += 1
+
+    line = inspect.getsourcelines(syncs)[1] + 1
+    with pytest.raises(gs.SyncError, match=rf"test_control.py:{line}"):
+        gs.cond(taken, adds(1.0), syncs, out)
+    with pytest.raises(gs.SyncError):
+        gs.cond(taken, syncs, adds(1.0), out)  # taken: raised by the run itself
+    with pytest.raises(TypeError, match="false_fn returned a"):
+        gs.cond(taken, adds(1.0), lambda o: o + 1, out)
+
+
+def test_the_branch_not_taken_changes_nothing_and_the_cond_is_one_device_op(xp):
+    out, other = xp.zeros(()), xp.zeros(2)
+
+    def not_taken(o):
+        o += 100.0
+        other[...] = 7.0
+
+    zero = gs.GPUScalar(out) == 0
+    with gs.count_syncs() as counter:
+        gs.cond(zero, adds(1.0), not_taken, out)
+    assert counter.count == 0 and counter.device_ops == 1
+    assert host(out).item() == 1.0 and host(other).tolist() == [0.0, 0.0]
+
+
+def test_loops_and_branches_in_a_check_run_are_checked_not_run(xp):
+    """A loop nested in a body that never runs: its body is checked (a sync raises), its
+    predicate and body run once each, and nothing it wrote stays."""
+    i, j = xp.zeros(()), xp.zeros(())
+    inner_calls = []
+
+    def inner(j):
+        inner_calls.append(1)
+        j += 1.0
+
+    def outer(i, j):
+        gs.while_loop(lambda j: gs.GPUScalar(j) < 1000.0, inner, j, max_iter=1000)
+        gs.cond(gs.GPUScalar(j) > 0, adds(1.0), adds(2.0), i)
+
+    n = gs.while_loop(lambda i, j: gs.GPUScalar(i) > 0, outer, i, j, max_iter=5)
+    assert host(n) == 0 and host(i).item() == 0.0 and host(j).item() == 0.0
+    assert len(inner_calls) == 1  # checked once, not run a thousand times
+
+    def outer_syncing(i, j):
+        gs.while_loop(lambda j: gs.GPUScalar(j) < 3.0, lambda j: bool(gs.GPUScalar(j)) and None,
+                      j, max_iter=3)
+
+    with pytest.raises(gs.SyncError):
+        gs.while_loop(lambda i, j: gs.GPUScalar(i) > 0, outer_syncing, i, j, max_iter=5)
+
+
+def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(xp):
+    from gpuscalar import bodies  # noqa: PLC0415
+
+    a, b, c, d, e = (xp.zeros(1) for _ in range(5))
+
+    class Solver:
+        def __init__(self):
+            self.work = [c]
+
+        def step(self, x):
+            return x
+
+    def helper(x):
+        x += d
+
+    def body(x, scale=e):
+        helper(x)
+        x += a
+
+    found = bodies.reachable_arrays((body, functools.partial(helper, b), Solver().step))
+    ids = {id(array) for _, array in found}
+    assert {id(a), id(b), id(c), id(d), id(e)} <= ids
+    assert bodies.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
+
+
 # ---- errors -------------------------------------------------------------------------------------
 
 
@@ -245,12 +530,12 @@ def test_a_non_bool_predicate_is_a_type_error(xp):
         gs.cond("yes", None, None, x)
 
 
-def test_a_body_returning_state_is_a_type_error(xp):
+def test_a_branch_returning_a_value_is_a_type_error(xp):
     x = xp.zeros(())
-    with pytest.raises(TypeError, match="body returned a .*update the state arrays in place"):
-        gs.while_loop(lambda x: gs.GPUScalar(x) < 3, lambda x: x + 1, x, max_iter=3)
-    with pytest.raises(TypeError, match="true_fn returned a"):
+    with pytest.raises(TypeError, match="true_fn returned a .*update the operand arrays"):
         gs.cond(gs.GPUScalar(x) == 0, lambda x: x + 1, None, x)
+    with pytest.raises(TypeError, match="false_fn returned a"):  # (the branch not taken too)
+        gs.cond(gs.GPUScalar(x) == 0, None, lambda x: x + 1, x)
 
 
 @pytest.mark.parametrize(("max_iter", "error", "match"), [

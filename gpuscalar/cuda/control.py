@@ -13,13 +13,19 @@ Where conditional nodes are unavailable (driver older than 12.3, ``cuda-bindings
 a reason the seam gives) a call outside a capture falls back to a host loop with
 one counted sync per predicate read, and warns once naming the reason; inside a capture (the
 current stream records a graph) it is an error naming the reason, since a capture cannot read
-the predicate on the host.
+the predicate on the host. The fallback checks what a recording would: a body whose loop runs
+zero times, and the branch not taken, are recorded into a graph that is discarded unlaunched
+(`_check_recorded`: nothing runs), and loops and branches nested there are checked the same way.
+
+A body returning the new state (`bodies.commit`) has the copies into the state's buffers
+recorded at the end of the body graph, before the condition kernel.
 
 The condition kernel (`CONDITION_SOURCE`) is compile-checked with NVRTC in CI.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable
@@ -29,7 +35,14 @@ import numpy as np
 
 from .. import ledger, sync
 from ..backend import CUPY
-from ..bodies import body_rules, check_returned_none, predicate_array
+from ..bodies import (
+    body_rules,
+    check_returned_none,
+    checking,
+    commit,
+    marked_checking,
+    predicate_array,
+)
 from ..scalar import GPUScalar, _make_array, _wrap
 from . import graphs, linalg
 
@@ -172,7 +185,7 @@ def _record_while(cond_fn: Callable[..., Any], body: Callable[..., Any], state: 
 
     def iteration() -> None:
         with body_rules(CUPY):
-            check_returned_none(body(*state), "while_loop", "body")
+            commit(body(*state), state, CUPY)
             CUPY.call(CUPY.xp.add, count, 1, out=count)
             again = predicate_array(cond_fn(*state), CUPY, "while_loop")
         _set_conditional(handle, again, False, count, max_iter)
@@ -240,6 +253,55 @@ def _run_recorded(device: object, record: Callable[[], None]) -> None:
             _launched.append((current.record(), graph, pool))
 
 
+# ---- checks: recorded, never launched ----------------------------------------------------------
+
+
+def _check_recorded(device: object, run: Callable[[], None]) -> None:
+    """``run()`` recorded into a graph that is discarded unlaunched: the check a recording makes
+    (no sync, no upload, the body's result's form), with nothing run and nothing counted. On a
+    stream that records already (a check nested in one), ``run()`` is recorded there."""
+    seam = CUPY.seam
+    with CUPY.device_context(device), ledger.one_device_op(count=False), marked_checking():
+        if seam.current_stream().is_capturing():
+            run()
+            return
+        _prepare_bodies(device)
+        stream, pool = _body_stream(device, -1), seam.new_memory_pool()
+        with stream, seam.using_allocator(pool.malloc), graphs._recording():
+            stream.begin_capture()
+            try:
+                run()
+            finally:
+                seam.end_abandoned_capture(stream)
+    pool.free_all_blocks()
+
+
+def _checked_body(body: Callable[..., Any], state: tuple[Any, ...]) -> None:
+    with body_rules(CUPY):
+        commit(body(*state), state, CUPY)
+
+
+def _checked_branch(branch: Callable[..., Any], name: str, operands: tuple[Any, ...]) -> None:
+    with body_rules(CUPY):
+        check_returned_none(branch(*operands), "cond", name)
+
+
+def _check_while(cond_fn: Callable[..., Any], body: Callable[..., Any],
+                 state: tuple[Any, ...]) -> None:
+    with body_rules(CUPY):
+        predicate_array(cond_fn(*state), CUPY, "while_loop")
+    _checked_body(body, state)
+
+
+def _check_cond(pred: Any, true_fn: Callable[..., Any] | None,
+                false_fn: Callable[..., Any] | None, operands: tuple[Any, ...]) -> None:
+    with body_rules(CUPY):
+        predicate_array(pred, CUPY, "cond")
+    for branch, name in ((true_fn, "true_fn"), (false_fn, "false_fn")):
+        if branch is not None:
+            _checked_branch(branch, name, operands)
+
+
 # ---- the entry points ---------------------------------------------------------------------------
 
 
@@ -252,6 +314,10 @@ def _read(value: Any, what: str, reason: str) -> bool:
 def while_loop(cond_fn: Callable[..., Any], body: Callable[..., Any], state: tuple[Any, ...],
                max_iter: int, device: object) -> GPUScalar:
     """`gs.while_loop` on CuPy (arguments checked by `gpuscalar.control.while_loop`)."""
+    if checking():  # nested in a check: recorded and discarded, its count never read
+        _check_recorded(device, lambda: _check_while(cond_fn, body, state))
+        with CUPY.device_context(device):
+            return _wrap(CUPY, CUPY.call(CUPY.xp.zeros, (), dtype=_INT64))
     reason = _fallback_reason("while_loop", device)
     with CUPY.device_context(device):
         if reason is None:
@@ -266,22 +332,30 @@ def while_loop(cond_fn: Callable[..., Any], body: Callable[..., Any], state: tup
                 decision = cond_fn(*state)
             if not _read(decision, "while_loop", reason):
                 break
-            with body_rules(CUPY):
-                check_returned_none(body(*state), "while_loop", "body")
+            _checked_body(body, state)
             done += 1
+        if done == 0:  # a recording checks the body whatever the predicate says
+            _check_recorded(device, lambda: _checked_body(body, state))
         return _wrap(CUPY, _make_array(CUPY, done, _INT64, device))
 
 
 def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., Any] | None,
          operands: tuple[Any, ...], device: object) -> None:
     """`gs.cond` on CuPy (arguments checked by `gpuscalar.control.cond`)."""
+    if checking():
+        _check_recorded(device, lambda: _check_cond(pred, true_fn, false_fn, operands))
+        return
     reason = _fallback_reason("cond", device)
     if reason is None:
         _run_recorded(device, lambda: _record_cond(pred, true_fn, false_fn, operands, device))
         return
     with CUPY.device_context(device):
         taken = _read(pred, "cond", reason)
-        branch, name = (true_fn, "true_fn") if taken else (false_fn, "false_fn")
-        if branch is not None:
-            with body_rules(CUPY):
-                check_returned_none(branch(*operands), "cond", name)
+        for branch, name, runs in ((true_fn, "true_fn", taken), (false_fn, "false_fn", not taken)):
+            if branch is None:
+                continue
+            if runs:
+                _checked_branch(branch, name, operands)
+            else:  # recorded (both are, on a GPU) and discarded
+                _check_recorded(device, functools.partial(_checked_branch, branch, name,
+                                                          operands))
