@@ -367,12 +367,14 @@ def host_while(cond_fn: Callable[..., Any], body: Callable[..., Any], state: tup
 def host_cond(pred: Any, true_fn: Callable[..., Any] | None,
               false_fn: Callable[..., Any] | None, operands: tuple[Any, ...],
               backend: Backend) -> None:
-    """The branch on the host: the taken one runs; the other is checked (a check run), as a
-    GPU records both; inside a check run both are checked."""
+    """The branch on the host: the other one is checked first (a check run), as a GPU records
+    both before anything runs, then the taken one runs; inside a check run both are checked."""
     with ledger.one_device_op(), body_rules(backend):
         taken = _decide(backend, pred, "cond")
         check_only = checking()
-        for branch, name, runs in ((true_fn, "true_fn", taken), (false_fn, "false_fn", not taken)):
+        branches = [(true_fn, "true_fn", taken), (false_fn, "false_fn", not taken)]
+        run_after = None
+        for branch, name, runs in branches:
             if branch is None:
                 continue
 
@@ -380,6 +382,8 @@ def host_cond(pred: Any, true_fn: Callable[..., Any] | None,
                 check_returned_none(branch(*operands), "cond", name)
 
             if runs and not check_only:
-                run()
+                run_after = run
             else:
                 check_run(run, (branch, *operands))
+        if run_after is not None:
+            run_after()

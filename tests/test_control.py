@@ -440,6 +440,7 @@ def test_the_branch_not_taken_is_checked_for_syncs_and_its_form(xp):
     line = inspect.getsourcelines(syncs)[1] + 1
     with pytest.raises(gs.SyncError, match=rf"test_control.py:{line}"):
         gs.cond(taken, adds(1.0), syncs, out)
+    assert host(out).item() == 0.0  # checked before the branch taken runs (a GPU records both)
     with pytest.raises(gs.SyncError):
         gs.cond(taken, syncs, adds(1.0), out)  # taken: raised by the run itself
     with pytest.raises(TypeError, match="false_fn returned a"):

@@ -19,6 +19,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import sync
+from gpuscalar.backend import CUPY
 from gpuscalar.cuda import conditional as cuda_conditional
 from gpuscalar.cuda import control as cuda_control
 
@@ -159,6 +160,45 @@ def test_a_sync_in_a_recorded_body_is_a_sync_error(dev):
     assert not dev.current_stream().is_capturing()  # the recording was ended
 
 
+# ---- functional state: the copies are recorded in the body -----------------------------------
+
+
+@covers("gs.while_loop")
+def test_a_body_returning_the_new_state_has_its_copies_recorded_in_the_node(dev):
+    x = dev.array(np.array(0.0))
+    one, end = _constants(x, 1, 5)
+    with sync.count_syncs() as counter:
+        n = gs.while_loop(lambda x: x < end, lambda x: x + one, x, max_iter=100)
+    assert counter.count == 0 and counter.device_ops == 1 and dev.graph_launches == 1
+    assert not dev.uploads and not dev.reads
+    (node,) = dev.conditionals
+    names = [launch.name for launch in node.launches]
+    assert node.runs == 5 and "copyto" in names
+    assert names.index("copyto") < names.index(cuda_control.CONDITION_KERNEL)
+    assert host_view(x).item() == 5.0 and n.item() == 5
+
+
+def test_a_swap_is_copied_aside_first_in_the_recorded_body(dev):
+    a, b = dev.array(np.zeros(3)), dev.array(np.ones(3))
+    i = dev.array(np.array(0.0))
+    one, three = _constants(i, 1, 3)
+    n = gs.while_loop(lambda a, b, i: i < three, lambda a, b, i: (b, a, i + one), a, b, i,
+                      max_iter=10)
+    (node,) = dev.conditionals
+    names = [launch.name for launch in node.launches]
+    assert names.count("copy") == 2 and names.count("copyto") == 3
+    assert host_view(a).tolist() == [1.0] * 3 and host_view(b).tolist() == [0.0] * 3
+    assert n.item() == 3
+
+
+def test_a_wrong_result_form_is_refused_when_recorded_even_if_the_loop_never_runs(dev):
+    x = dev.array(np.array(9.0))
+    (end,) = _constants(x, 5)
+    with pytest.raises(TypeError, match="new state item 0 is a float"):
+        gs.while_loop(lambda x: x < end, lambda x: 1.0, x, max_iter=10)
+    assert not dev.current_stream().is_capturing() and host_view(x).item() == 9.0
+
+
 # ---- without conditional nodes ------------------------------------------------------------------
 
 
@@ -199,6 +239,53 @@ def test_the_fallback_inside_a_capture_is_an_error_naming_the_reason(old_driver)
 
     with pytest.raises(RuntimeError, match="needs conditional graph nodes.*CUDA 12.2"):
         gs.capture(step, x, warmup=0)
+
+
+def test_the_fallback_checks_a_body_that_never_runs_by_recording_it_unlaunched(old_driver):
+    """As a GPU records the body of a loop that runs zero times: a sync there is a SyncError, an
+    upload is refused, the result's form is checked; the recording is discarded (no graph
+    launched or kept) and changes nothing (`records_only`: a recording executes nothing)."""
+    x = old_driver.array(np.array(9.0))
+    one, end = _constants(x, 1, 5)
+    with pytest.warns(RuntimeWarning):
+        with pytest.raises(gs.SyncError, match="test_control_cuda.py"):
+            gs.while_loop(lambda x: x < end, lambda x: float(gs.GPUScalar(x)) and None, x,
+                          max_iter=10)
+    assert not old_driver.current_stream().is_capturing()
+    with pytest.raises(TypeError, match="a tuple of 2 items for 1 state item"):
+        gs.while_loop(lambda x: x < end, lambda x: (x, x), x, max_iter=10)
+
+    def uploads(x):
+        x += CUPY.call(CUPY.xp.asarray, np.ones(()))  # a host-to-device copy
+
+    with pytest.raises(RuntimeError, match="H2D"):
+        gs.while_loop(lambda x: x < end, uploads, x, max_iter=10)
+    recorded = old_driver.count()
+
+    def adds_one(x):
+        x += one
+
+    n = gs.while_loop(lambda x: x < end, adds_one, x, max_iter=10)
+    assert old_driver.count() > recorded  # the body was recorded (its add) ...
+    assert host_view(x).item() == 9.0 and n.item() == 0  # ... and nothing ran
+    assert old_driver.graph_launches == 0 and not old_driver.graphs
+
+
+def test_the_fallback_checks_the_branch_not_taken_and_nested_loops_by_recording(old_driver):
+    out = old_driver.array(np.array(0.0))
+    ten, zero = _constants(out, 10, 0)
+    taken = out == zero
+    with pytest.warns(RuntimeWarning), pytest.raises(gs.SyncError):
+        gs.cond(taken, adds(ten), lambda o: float(gs.GPUScalar(o)) and None, out)
+    assert host_view(out).item() == 0.0  # checked before the branch taken runs, as recorded
+
+    def writes(o):
+        o += ten
+        gs.while_loop(lambda o: o < ten, adds(ten), o, max_iter=5)  # nested: recorded too
+
+    gs.cond(taken, adds(ten), writes, out)
+    assert host_view(out).item() == 10.0  # the branch taken ran; the other changed nothing
+    assert old_driver.graph_launches == 0 and not old_driver.graphs
 
 
 def test_the_real_seam_names_why_conditional_nodes_are_unavailable(monkeypatch):

@@ -351,11 +351,11 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
         return
     with CUPY.device_context(device):
         taken = _read(pred, "cond", reason)
-        for branch, name, runs in ((true_fn, "true_fn", taken), (false_fn, "false_fn", not taken)):
-            if branch is None:
-                continue
-            if runs:
-                _checked_branch(branch, name, operands)
-            else:  # recorded (both are, on a GPU) and discarded
+        branches = ((true_fn, "true_fn", taken), (false_fn, "false_fn", not taken))
+        for branch, name, runs in branches:
+            if branch is not None and not runs:  # recorded and discarded, before the other
                 _check_recorded(device, functools.partial(_checked_branch, branch, name,
                                                           operands))
+        for branch, name, runs in branches:
+            if branch is not None and runs:
+                _checked_branch(branch, name, operands)
