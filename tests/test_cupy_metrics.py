@@ -10,7 +10,11 @@ and can hold events pending to show that ``ready()`` never waits.
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +199,40 @@ def test_a_cupy_ring_buffer_holds_the_documented_layout(dev):
     row = state[16:16 + 48]
     assert row[:8].view(np.int64)[0] == 0  # the row's step
     assert row[16:24].view(np.float64)[0] == 2.5 and row[32:40].view(np.int64)[0] == 7
+
+
+# ---- bench/record_overhead.py: record's host cost next to one CuPy ufunc call -----------------
+
+_BENCH = Path(__file__).resolve().parent.parent / "bench" / "record_overhead.py"
+
+
+def test_the_record_benchmark_exits_2_with_one_line_without_nullcuda(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("record_overhead", _BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def missing() -> None:
+        raise ModuleNotFoundError("No module named 'nullcuda'")
+
+    monkeypatch.setattr(bench, "_import_nullcuda", missing)
+    assert bench.main(["--n", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("record_overhead: cannot measure (ModuleNotFoundError: ")
+
+
+def test_the_record_benchmark_prints_record_next_to_a_ufunc_call():
+    """Wall time on nullcuda, in a fresh process (it loads beneath CuPy before CuPy)."""
+    done = subprocess.run([sys.executable, str(_BENCH), "--n", "20"], capture_output=True,
+                          text=True, timeout=300, cwd=_BENCH.parent.parent)
+    if done.returncode == 2 and "cannot measure" in done.stderr:
+        pytest.skip(done.stderr.strip())  # no nullcuda here (no CuPy 14, gcc, ...)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "on nullcuda (no GPU)" in lines[0]
+    assert [line[:28].rstrip() for line in lines[2:6]] == [
+        "cupy g * a", "record(loss=s, lr=t)", "record(loss=s, lr=0.1)",
+        "record(loss=s*2+1, lr=t)"]
+    assert lines[2].split()[-1] == "1.00x"
+    assert lines[6].startswith("goal: record(loss=s, lr=t) <= 1.0x cupy g * a: ")
