@@ -14,9 +14,13 @@ Closing (exhaustion, an exception in the loop, ``break``, the ``with`` block's e
 final line with the latest row, the lag and the rows the log dropped; ``flush=True`` waits for
 the log's last rows first: one counted sync, at the end only, and only when asked.
 
-The bar takes the rows from the log (``ready()`` hands each row out once): pass ``on_row`` to
-see every row it takes, e.g. to write them to a file. This module never imports the log's
-module: any object with a ``ready()`` method returning rows (mappings) is a log here.
+The log is polled before each redraw (so the row shown is as fresh as the device allows) and
+every `poll_every` steps between them (a quarter of the log's capacity by default, so its ring
+is drained before a row is overwritten unread), not at every step: on a GPU a poll that finds
+the last copy landed starts the next one (a few CUDA calls), which a fast loop should not pay
+per step. The bar takes the rows from the log (``ready()`` hands each row out once): pass
+``on_row`` to see every row it takes, e.g. to write them to a file. This module never imports
+the log's module: any object with a ``ready()`` method returning rows (mappings) is a log here.
 """
 
 from __future__ import annotations
@@ -57,28 +61,31 @@ _HOST_VALUES = (bool, int, float, complex, str, np.generic)
 
 def progress(iterable: Iterable[T], log: Any = None, *, total: int | None = None,
              desc: str | None = None, file: TextOutput | None = None, every: float = EVERY,
-             start: int = 0, flush: bool = False,
+             start: int = 0, flush: bool = False, poll_every: int | None = None,
              on_row: Callable[[Mapping[str, Any]], object] | None = None,
              terminal: bool | None = None,
              clock: Callable[[], float] = time.monotonic) -> Progress[T]:
     """A progress bar over ``iterable`` (yielding its items) whose postfix shows the latest row
     of ``log`` that is ready on the host and its lag in steps, with no sync per step.
 
-    ``log``: a `gs.MetricLog` (or any object with ``ready()``), polled once per step with
-    ``log.ready()``, never waited for. The lag is the loop's current step minus the row's
-    ``"step"`` (its row number), where the loop's steps are numbered from ``start`` (the row the
-    loop's first step records: 0 for a fresh log recorded once per step). ``total``: the number
-    of steps (default ``len(iterable)`` where it has one). ``desc``: a label before the bar.
-    ``file``: where to draw (default ``sys.stderr``). ``every``: seconds between lines when
-    ``file`` is not a terminal (``0``: a line per step; ``math.inf``: the final line only).
-    ``flush``: when the loop ends normally, call ``log.flush()`` (one counted sync) so the
-    final line shows the log's last row; off by default, since the contract is no sync.
-    ``on_row``: called with each row the bar takes from the log, in order. ``terminal``:
-    whether ``file`` redraws in place (default ``file.isatty()``). ``clock``: seconds, for
-    tests. Use it as ``for item in gs.progress(...)`` or ``with gs.progress(...) as bar:``.
+    ``log``: a `gs.MetricLog` (or any object with ``ready()``), polled with ``log.ready()``
+    before each redraw and every ``poll_every`` steps (default: a quarter of ``log.capacity``,
+    or every step for a log without one), never waited for. The lag is the loop's current step
+    minus the row's ``"step"`` (its row number), the loop's steps numbered from ``start`` (the
+    row the loop's first step records: 0 for a fresh log recorded once per step).
+    ``total``: the number of steps (default ``len(iterable)`` where it has one). ``desc``: a
+    label before the bar. ``file``: where to draw (default ``sys.stderr``). ``every``: seconds
+    between lines when ``file`` is not a terminal (``0``: a line per step; ``math.inf``: the
+    final line only). ``flush``: when the loop runs to its end, call ``log.flush()`` (one
+    counted sync) so the final line shows the log's last row; off by default, since the
+    contract is no sync. ``on_row``: called with each row the bar takes from the log, in
+    order. ``terminal``: whether ``file`` redraws in place (default ``file.isatty()``).
+    ``clock``: seconds, for tests. Use it as ``for item in gs.progress(...)`` or
+    ``with gs.progress(...) as bar:``.
     """
     return Progress(iterable, log, total=total, desc=desc, file=file, every=every, start=start,
-                    flush=flush, on_row=on_row, terminal=terminal, clock=clock)
+                    flush=flush, poll_every=poll_every, on_row=on_row, terminal=terminal,
+                    clock=clock)
 
 
 class Progress(Generic[T]):
@@ -86,9 +93,15 @@ class Progress(Generic[T]):
 
     def __init__(self, iterable: Iterable[T], log: Any, *, total: int | None, desc: str | None,
                  file: TextOutput | None, every: float, start: int, flush: bool,
-                 on_row: Callable[[Mapping[str, Any]], object] | None, terminal: bool | None,
-                 clock: Callable[[], float]) -> None:
+                 poll_every: int | None, on_row: Callable[[Mapping[str, Any]], object] | None,
+                 terminal: bool | None, clock: Callable[[], float]) -> None:
         _check(iterable, log, total, desc, file, every, start, flush, on_row, terminal, clock)
+        if poll_every is None:
+            capacity = getattr(log, "capacity", None)
+            poll_every = max(capacity // 4, 1) if type(capacity) is int else 1
+        elif type(poll_every) is not int or poll_every < 1:
+            raise ValueError("progress: poll_every must be None or an int >= 1 (steps), got "
+                             f"{describe(poll_every)}")
         if total is None:
             try:
                 total = len(iterable)  # type: ignore[arg-type]
@@ -102,6 +115,9 @@ class Progress(Generic[T]):
         self.every = float(every)
         self.start = start
         self.flush_at_end = flush
+        #: steps between two polls of the log, besides the poll before each redraw
+        self.poll_every = poll_every
+        self._unpolled = 0  # steps done since the last poll
         self.on_row = on_row
         self.clock = clock
         if terminal is None:
@@ -171,6 +187,7 @@ class Progress(Generic[T]):
     def poll(self) -> None:
         """Take the rows the log has ready (``log.ready()``: never waits) and keep the latest."""
         if self.log is not None:
+            self._unpolled = 0
             self._take(self.log.ready(), "ready()")
 
     def _take(self, rows: Any, method: str) -> None:
@@ -207,11 +224,14 @@ class Progress(Generic[T]):
                 self._yielded += 1
                 yield item
                 self.n += 1  # the loop's body for this item is done
-                self.poll()
+                self._unpolled += 1
                 now = self.clock()
                 if now - self._drawn >= (REFRESH if self.terminal else self.every):
                     self._drawn = now
+                    self.poll()
                     self._draw()
+                elif self._unpolled >= self.poll_every:
+                    self.poll()
             self.exhausted = True
         finally:
             self.close()

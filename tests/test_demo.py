@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -36,20 +37,23 @@ def test_demo_paths_agree_and_gpuscalar_reads_only_what_it_prints(backend):
 
 
 def test_demo_counts_launches_as_a_gpu_sees_them():
-    """Counted on the strict device: the gpuscalar path launches fewer ops than the float path,
-    and the captured path's 3 chunks of 10 steps are one launch each (the 3 leftover steps, the
-    warm-up step and the set-up run eagerly)."""
+    """Counted on the strict device: the gpuscalar path launches as many ops per step as the
+    float path, its loss log's record included, and the captured path's 3 chunks of 10 steps
+    are one launch each (the 3 leftover steps, the warm-up step and the set-up run eagerly)."""
     results = demo.run(NUMPY, steps=33, repeats=1)
     float_ops = results["float"]["device_ops"]
     eager_step_ops = 8  # x @ w, - y, square, mean, x.T @ r, scale, lr * grad, w -=
     inputs_ops = 3  # x, y uploaded, w made
     assert float_ops == inputs_ops + 33 * eager_step_ops
     # per step 7 launches: the same first 6, then `lr * grad` and `w -=` as one fused SGD
-    # kernel (the scalar work is fused into them); plus the step counter made before the loop
-    # and the one evaluation read at the end (best; the mean is computed on the host from the
-    # losses that read brought back)
-    assert results["gpuscalar"]["device_ops"] == inputs_ops + 33 * (eager_step_ops - 1) + 1 + 1
-    assert results["gpuscalar"]["device_ops"] < float_ops
+    # kernel (the scalar work is fused into them), and the loss log's record (one launch; the
+    # progress bar's polls launch nothing on the strict device); plus the step counter and
+    # the log's ring made before the loop and the one evaluation read at the end (best; the
+    # mean is computed on the host from the losses that read brought back)
+    log_ops = 33 + 1
+    assert results["gpuscalar"]["device_ops"] == (
+        inputs_ops + 33 * (eager_step_ops - 1) + log_ops + 1 + 1)
+    assert results["gpuscalar"]["device_ops"] == float_ops + 3
     captured = results["gpuscalar + capture"]["device_ops"]
     # gs.GPUScalar(a) copies a: each step run eagerly (3 leftover, 1 warm-up) copies its
     # counter, and the two state arrays read at the end are copied: 6 device ops of their own
@@ -92,6 +96,36 @@ def test_demo_warms_up_every_path_before_timing(monkeypatch):
     assert len(timed) == 3 * 2
 
 
+def test_the_gpuscalar_path_logs_its_loss_and_its_warm_up_run_draws_the_bar():
+    """Only the warm-up run of the gpuscalar path draws on ``show`` (the counted and timed runs
+    draw nowhere): one line there, not a terminal, with the last step's loss as the log brought
+    it back (at once on NumPy: lag 0). The counted run had the bar and the log on: 1 sync."""
+    shown = io.StringIO()
+    results = demo.run(NUMPY, steps=33, repeats=2, show=shown)
+    assert results["gpuscalar"]["syncs"] == 1
+    lines = shown.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuscalar: 33/33 [100%, ")
+    _, best, _ = demo.float_path(NUMPY.xp, 33)
+    loss = re.search(r"loss=([\d.e+-]+), step=32, lag=0$", lines[0])
+    assert loss and float(loss.group(1)) == pytest.approx(best, rel=1e-3)  # decreasing: the last
+
+
+def test_the_gpuscalar_path_records_every_step_into_a_metric_log(monkeypatch):
+    made = []
+
+    class Log(gs.MetricLog):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(gs, "MetricLog", Log)
+    with gs.count_syncs() as counter:
+        demo.gpuscalar_path(strict.xp, 20)
+    assert counter.count == 1 and len(made) == 1
+    assert made[0].capacity == demo.LOG_CAPACITY and made[0].delivered == 20  # all seen
+    assert made[0].dropped == 0 and made[0].latest["step"] == 19
+
+
 def test_demo_rejects_a_bad_repeat_count():
     with pytest.raises(ValueError, match="repeats"):
         demo.run(NUMPY, steps=3, repeats=0)
@@ -114,10 +148,24 @@ def test_demo_cli_prints_the_table(capsys):
     table = _table(out)
     assert {name: syncs for name, (syncs, _) in table.items()} == {
         "float": 12, "gpuscalar": 1, "gpuscalar + capture": 2}  # (see the test above)
-    assert table["gpuscalar"][1] <= table["float"][1]  # no more launches than the float path
-    assert "median of 5 runs of each path after one untimed warm-up run" in " ".join(out.split())
+    # a launch a step for the loss log: 3 more than the float path (the counter, the ring, the
+    # read at the end)
+    assert table["gpuscalar"][1] == table["float"][1] + 3
+    text = " ".join(out.split())
+    assert "median of 5 runs of each path after one untimed warm-up run" in text
+    assert "gpuscalar path: 1 sync with a progress bar and a per-step loss log on" in text
     if not gs.gpu_available():  # the output says what CPU times mean, before the table
         assert out.index("No GPU: times are CPU times") < out.index("syncs  device ops")
+
+
+def test_demo_draws_its_progress_bar_on_stderr_unless_quiet(capsys):
+    assert cli.main(["demo", "--steps", "12", "--repeats", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert re.fullmatch(r"gpuscalar: 12/12 \[100%, .*\] loss=[\d.]+, step=11, lag=0\n", err)
+    assert "gpuscalar: 12/12" not in out  # the table's stdout stays what the README shows
+    assert cli.main(["demo", "--steps", "12", "--repeats", "1", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "with a progress bar and a per-step loss log on" in " ".join(out.split())
 
 
 def test_demo_runs_on_the_strict_device(capsys):

@@ -23,7 +23,9 @@ class FakeLog:
     """A MetricLog's host side: rows numbered from 0 under "step", ready ``delay`` steps after
     they are recorded (0: at once, as on NumPy and the strict device)."""
 
-    def __init__(self, delay: int = 0, dropped: int = 0) -> None:
+    def __init__(self, delay: int = 0, dropped: int = 0, capacity: int | None = None) -> None:
+        if capacity is not None:
+            self.capacity = capacity
         self.delay = delay
         self.pending: list[dict] = []
         self.recorded = 0
@@ -259,6 +261,23 @@ def test_a_bar_without_a_log_has_no_postfix_and_without_len_no_total():
     assert out.getvalue() == "chars: 3 [0.0s]\n"
 
 
+def test_the_log_is_polled_before_each_redraw_and_every_quarter_of_its_capacity():
+    log, clock = FakeLog(capacity=8), Clock()
+    bar = gs.progress(range(10), log, file=io.StringIO(), every=math.inf, clock=clock)
+    assert bar.poll_every == 2
+    for i in bar:
+        log.record(loss=float(i))
+    assert log.polls == 10 // 2 + 1  # every 2 steps, and once when closing
+    log, clock, out = FakeLog(capacity=1000), Clock(), io.StringIO()
+    for i in gs.progress(range(10), log, file=out, every=3, clock=clock):
+        log.record(loss=float(i))
+        clock.now += 1
+    assert log.polls == 3 + 1  # before each of the 3 lines, and once when closing
+    assert out.getvalue().splitlines()[0].endswith("loss=2, step=2, lag=0")  # fresh when drawn
+    assert gs.progress([], FakeLog(capacity=3)).poll_every == 1
+    assert gs.progress([], FakeLog(capacity=1000), poll_every=7).poll_every == 7
+
+
 # ---- no syncs ----------------------------------------------------------------------------------
 
 
@@ -369,6 +388,8 @@ def test_durations_over_a_minute():
     ({"on_row": 3}, TypeError, "on_row must be callable"),
     ({"terminal": 1}, TypeError, "terminal must be None or a bool"),
     ({"clock": 0.0}, TypeError, "clock must be callable"),
+    ({"poll_every": 0}, ValueError, "poll_every must be None or an int >= 1 .steps., got 0"),
+    ({"poll_every": 2.0}, ValueError, "poll_every must be None or an int >= 1"),
 ])
 def test_bad_arguments_are_refused_with_clear_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -418,3 +439,52 @@ def test_any_object_with_write_is_a_file():
     out = Writer()
     assert list(gs.progress(range(2), file=out, clock=Clock())) == [0, 1]
     assert out.parts == ["2/2 [100%, 0.0s]\n"]
+
+
+# ---- with gs.MetricLog ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def metric_log():
+    if not hasattr(gs, "MetricLog"):
+        pytest.skip("gs.MetricLog is not there yet (gpuscalar/deferred.py)")
+    return gs.MetricLog
+
+
+@pytest.mark.parametrize("style", ["lines", "in place", "tqdm"])
+def test_a_loop_with_a_metric_log_and_a_bar_makes_no_sync_on_the_strict_device(
+        metric_log, style, monkeypatch):
+    """The real log on the strict device: each record is one device op, and its rows are
+    ready at once (lag 0), so the bar shows each step's loss, the values the loop computed on
+    the device, with no sync: none counted, none refused by the guard."""
+    if style == "in place":
+        monkeypatch.setitem(sys.modules, "tqdm", None)
+    elif style == "tqdm":
+        pytest.importorskip("tqdm")
+    out = io.StringIO() if style == "lines" else Terminal()
+    x = strict.xp.asarray(np.linspace(0.0, 1.0, 16))
+    log, clock, shown = metric_log(capacity=4), Clock(), []
+    with gs.count_syncs() as counter, gs.sync_guard("error"):
+        bar = gs.progress(range(6), log, desc="strict", file=out, every=0, clock=clock)
+        assert bar.style == style and bar.poll_every == 1
+        for i in bar:
+            loss = gs.mean(x * x) * (i + 1)  # a pending GPUScalar on the strict device
+            log.record(loss=loss)
+            clock.now += REFRESH
+            if i:
+                shown.append((bar.row["step"], bar.row["loss"], bar.lag))
+    assert counter.count == 0 and counter.device_ops >= 6  # a record each, at least
+    assert log.dropped == 0 and bar.lag == 0 and bar.row["step"] == 5
+    mean = float(np.mean(np.linspace(0.0, 1.0, 16) ** 2))
+    assert shown == [(k, pytest.approx(mean * (k + 1)), 1) for k in range(5)]
+    assert f"loss={mean * 6:.4g}, step=5, lag=0" in out.getvalue()
+
+
+def test_a_metric_log_flushed_at_the_end_costs_one_sync(metric_log):
+    x = strict.xp.asarray(np.ones(4))
+    log, out = metric_log(capacity=8), io.StringIO()
+    with gs.count_syncs() as counter:
+        for i in gs.progress(range(3), log, file=out, every=math.inf, flush=True, clock=Clock()):
+            log.record(loss=gs.sum(x) * i)
+    assert counter.count == 1  # the flush, once, at the end
+    assert out.getvalue() == "3/3 [100%, 0.0s] loss=8, step=2, lag=0\n"

@@ -3,7 +3,9 @@
 Why this module exists: it is the shortest honest demonstration of the library. The float path
 is written the way people write CuPy code today (`float(loss)`, `if loss < best`, a Python float
 learning rate schedule); the gpuscalar path keeps every one of those values on the device and
-reads only what is printed. Both compute the same weights; the sync counts differ.
+reads only what is printed. Both compute the same weights; the sync counts differ. The
+gpuscalar path also logs its loss every step into a `gs.MetricLog` and shows it in a
+`gs.progress` bar, as a user watching the run would, and still reads only those two values.
 
 The timing is honest: both paths run once untimed first (kernel compilation, the first cuBLAS
 call and the memory pool's first allocations land there, not on whichever path runs first),
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -23,6 +26,7 @@ from typing import Any
 import gpuscalar as gs
 from gpuscalar import strict, sync
 from gpuscalar.backend import Backend, default_backend, describe, get_backend
+from gpuscalar.progress import TextOutput
 from gpuscalar.tools.benchmarks import cpu_note
 
 BACKEND_CHOICES = ("numpy", "strict", "cupy")
@@ -61,22 +65,46 @@ def float_path(xp: Any, steps: int, samples: int = 2048,
     return w, best, total / steps
 
 
-def gpuscalar_path(xp: Any, steps: int, samples: int = 2048,
-                   features: int = 32) -> tuple[Any, float, float]:
+#: Rows of the gpuscalar path's loss log: a ring on the device, which its bar drains every
+#: quarter of it (16 steps) and before each redraw, so no row is overwritten unread.
+LOG_CAPACITY = 64
+
+
+class _Nowhere:
+    """Where the gpuscalar path's bar draws when it is not shown: the bar and its log still run
+    (counted and timed), and the lines go nowhere."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def gpuscalar_path(xp: Any, steps: int, samples: int = 2048, features: int = 32, *,
+                   show: TextOutput | None = None) -> tuple[Any, float, float]:
     """The same loop with device scalars: the only reads are the two reported values.
 
     The running best and total start as Python numbers (they join the device expressions as
     kernel arguments: no launch to make them), and the update is one fused SGD kernel with the
     device learning rate read in its prelude (`gs.optim.sgd_step`: ``w -= lr * grad`` in one
-    launch, the same arithmetic), so the path issues fewer device ops than the float path."""
+    launch, the same arithmetic). Every step's loss is recorded into a `gs.MetricLog` (on the
+    device: no sync) and a `gs.progress` bar shows the latest row that has reached the host,
+    drawn on ``show`` (a file) or nowhere: the log and the bar cost no sync."""
     x, y, w = _data(xp, samples, features)
     best: Any = math.inf
     total: Any = 0.0
     step = gs.asscalar(0, like=w, dtype="int64")  # an integer counter stays one node
-    for _ in range(steps):
+    log = gs.MetricLog(capacity=LOG_CAPACITY)
+    for _ in gs.progress(range(steps), log, desc="gpuscalar",
+                         file=_Nowhere() if show is None else show):
         step = step + 1
         residual = x @ w - y
         loss = gs.mean(residual * residual)  # a GPUScalar: no sync
+        log.record(loss=loss)  # a row on the device: no sync; the bar shows it when it lands
         total = total + loss
         best = gs.minimum(best, loss)
         lr = 0.1 * gs.minimum(1.0, step / 10)  # warm-up, on the device
@@ -84,6 +112,9 @@ def gpuscalar_path(xp: Any, steps: int, samples: int = 2048,
         gs.optim.sgd_step(w, grad, lr=lr)  # w -= lr * grad: one launch, no sync
     return w, float(best), float(total / steps)  # the 2 syncs
 
+
+#: The path whose warm-up run draws its progress bar (on stderr, unless --quiet).
+SHOWN = "gpuscalar"
 
 #: Steps recorded into one CUDA graph by the capture path.
 CHUNK = 10
@@ -145,11 +176,13 @@ def _timed(backend: Backend, path: Callable[..., Any], steps: int) -> float:
     return time.perf_counter() - start
 
 
-def run(backend: Backend, steps: int, repeats: int = 5) -> dict[str, Any]:
+def run(backend: Backend, steps: int, repeats: int = 5, *,
+        show: TextOutput | None = None) -> dict[str, Any]:
     """Run every path: one counted run each on the strict device (syncs and device ops, as a
     GPU would see them: every array call is a launch, every host read a sync), one untimed
-    warm-up run each on ``backend`` (its answers are the ones reported), then ``repeats`` timed
-    runs each on ``backend`` (median reported)."""
+    warm-up run each on ``backend`` (its answers are the ones reported; the `SHOWN` path's
+    draws its progress bar on ``show`` where given), then ``repeats`` timed runs each on
+    ``backend`` (median reported)."""
     if type(repeats) is not int or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {sync.describe(repeats)}")
     xp = backend.xp
@@ -160,7 +193,8 @@ def run(backend: Backend, steps: int, repeats: int = 5) -> dict[str, Any]:
             path(strict.xp, steps)
         results[name] = {"syncs": counter.count, "device_ops": counter.device_ops}
     for name, path in PATHS.items():  # warm-up: compilation and first calls, on neither clock
-        weights, best, mean = path(xp, steps)
+        shown = {"show": show} if name == SHOWN and show is not None else {}
+        weights, best, mean = path(xp, steps, **shown)
         backend.synchronize()
         results[name].update(weights=weights, best=best, mean=mean)
     for name, path in PATHS.items():
@@ -195,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=BACKEND_CHOICES, default=None,
                         help="default: cupy when a GPU is present, else numpy; strict is the "
                         "CuPy-strict CPU device")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar on stderr (the gpuscalar path still logs its "
+                        "loss every step and runs the bar, drawing it nowhere)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
@@ -206,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     note = cpu_note(backend)
     if note is not None:
         print(textwrap.fill(note, width=100))
-    results = run(backend, args.steps, args.repeats)
+    sys.stdout.flush()  # the header before the bar, where stdout and stderr share a terminal
+    results = run(backend, args.steps, args.repeats, show=None if args.quiet else sys.stderr)
     width = max(len(name) for name in PATHS) + 2
     print()
     print(f"  {'path':<{width}} {'syncs':>6} {'device ops':>11} {'time (ms)':>10}   answer")
@@ -222,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         + ("1 run" if args.repeats == 1 else f"median of {args.repeats} runs")
         + " of each path after one untimed warm-up run (compilation and "
         "first calls excluded; the capture path's recording is on its clock).", width=100))
+    syncs = results[SHOWN]["syncs"]
+    print(textwrap.fill(
+        f"{SHOWN} path: {syncs} sync{'' if syncs == 1 else 's'} with a progress bar and a "
+        "per-step loss log on (each step records its loss on the device, one launch; the bar "
+        "shows the latest row that has reached the host, never waiting for one).", width=100))
     difference = results["max_weight_difference"]
     print(f"weights: largest difference from the float path's = {difference:.2e}"
           + (" (bit-identical)" if difference == 0 else ""))
