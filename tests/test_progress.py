@@ -488,3 +488,17 @@ def test_a_metric_log_flushed_at_the_end_costs_one_sync(metric_log):
             log.record(loss=gs.sum(x) * i)
     assert counter.count == 1  # the flush, once, at the end
     assert out.getvalue() == "3/3 [100%, 0.0s] loss=8, step=2, lag=0\n"
+
+
+def test_rows_a_metric_log_dropped_are_shown_with_the_warning_it_gives(metric_log):
+    """A log polled less often than its capacity (poll_every overridden) loses rows: the log
+    warns and counts them, and the bar shows the count."""
+    from gpuscalar.deferred import DroppedRowsWarning
+
+    log, out = metric_log(capacity=2), io.StringIO()
+    with pytest.warns(DroppedRowsWarning, match="overwritten"):
+        for i in gs.progress(range(6), log, file=out, every=math.inf, poll_every=5,
+                             clock=Clock()):
+            log.record(loss=float(i))
+    assert log.dropped == 3  # rows 0..2: the poll after step 5 found rows 3 and 4
+    assert out.getvalue() == "6/6 [100%, 0.0s] loss=5, step=5, lag=0, dropped=3\n"
