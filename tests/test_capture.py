@@ -84,9 +84,82 @@ def test_outputs_are_the_same_buffers_and_fresh_scalars(xp):
     value = float(first_scalar)  # read (and cached) after the first replay
     second_array, second_scalar = step()
     assert float(second_scalar) == value + 4.0  # a new value, not the cached one
-    if backend_name(xp) == "cupy":
-        assert second_array is first_array  # the graph's static buffer
+    assert second_array is first_array  # the graph's static buffer, on every device
     assert host(second_array).tolist() == [2.0, 2.0]
+
+
+def test_new_arrays_a_step_returns_are_the_same_buffers_at_every_replay(xp):
+    """On a GPU a replay rewrites the buffers the recording returned; on NumPy and the strict
+    device the first replay's outputs are those buffers and later ones are copied into them
+    (inside the replay's one device op)."""
+    a = xp.zeros(2)
+
+    def fn(a):
+        a += 1.0
+        return {"double": a * 2.0, "pair": (a + 1.0, gs.sum(a))}
+
+    step = gs.capture(fn, a, warmup=0)
+    first = step()
+    with gs.count_syncs() as counter:
+        second = step()
+    assert counter.device_ops == 1 and counter.count == 0
+    assert second["double"] is first["double"] and second["pair"][0] is first["pair"][0]
+    assert host(first["double"]).tolist() == [4.0, 4.0]  # the first buffers: the new values
+    assert host(first["pair"][0]).tolist() == [3.0, 3.0]
+    assert second["pair"][1] is not first["pair"][1]  # a fresh GPUScalar over the buffer
+    assert float(second["pair"][1]) == 4.0
+
+
+def test_python_values_a_step_returns_are_frozen_as_recorded(xp):
+    """A Python number a step returns is the one it returned when recorded (on the CPU: at the
+    first replay), as a graph freezes it; a later replay of another form is an error."""
+    a, calls = xp.zeros(1), []
+
+    def fn(a):
+        calls.append(1)
+        a += 1.0
+        return a, len(calls)
+
+    step = gs.capture(fn, a, warmup=1)
+    first = step()[1]
+    assert step()[1] == first and host(a).tolist() == [3.0]
+
+    replays = []
+
+    def changing(a):
+        replays.append(1)
+        return (a,) if len(replays) == 1 else (a, a)
+
+    changing_step = gs.capture(changing, a, warmup=0)
+    if backend_name(xp) == "cupy":
+        pytest.skip("on a GPU the outputs are the recorded ones whatever fn does")
+    changing_step()
+    with pytest.raises(TypeError, match="the output of this replay is a tuple of 2 items, "
+                                        "unlike the first replay's"):
+        changing_step()
+
+
+def test_a_numpy_scalar_result_is_the_value_computed_at_each_replay():
+    """NumPy's 0-d arithmetic gives NumPy scalars, values rather than buffers: each replay's."""
+    a = np.zeros(2)
+
+    def fn(a):
+        a += 1.0
+        return a.sum()
+
+    step = gs.capture(fn, a, warmup=0)
+    assert (step(), step()) == (2.0, 4.0)
+
+
+def test_an_output_buffer_whose_shape_changes_is_named(xp):
+    if backend_name(xp) == "cupy":
+        pytest.skip("on a GPU the outputs are the recorded ones whatever fn does")
+    a, sizes = xp.zeros(4), iter([2, 3])
+    step = gs.capture(lambda: [a[:next(sizes)] * 1.0], warmup=0)
+    step()
+    with pytest.raises(TypeError, match=r"the output\[0\] of this replay is a \w+ of shape "
+                                        r"\(3,\)"):
+        step()
 
 
 def test_decorator_forms(xp):
@@ -565,3 +638,27 @@ def test_a_pending_scalar_made_outside_a_step_is_a_recipe_never_cached_in_it(xp)
     assert host(out).tolist() == [1.0 + 1.0 + 1.0 + 1.0] * 3  # counter's value when taken
     assert not rate.is_materialized
     assert float(rate) == 1.0
+
+
+@pytest.mark.needs_cupy  # the step runs on the CuPy backend (through the recording seam)
+def test_on_cupy_a_replay_returns_the_recorded_buffers_rewritten():
+    """The GPU side of "the same buffers at every replay": the recorded outputs, rewritten by
+    each replay (`records_only`: the recording executes nothing, a replay writes into what the
+    recording returned)."""
+    from .cupy_fake import fake_memory, host_view  # noqa: PLC0415 - imports CuPy
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    with fake_memory() as memory, recording(memory) as seam:
+        seam.records_only = True
+        a = seam.array(np.zeros(2))
+        two = gs.asscalar(2.0, like=a)
+
+        def fn(a):
+            a += two
+            return a * two
+
+        step = gs.capture(fn, a, warmup=0)
+        first = step()
+        second = step()
+        assert second is first and host_view(first).tolist() == [8.0, 8.0]
+        step.release()

@@ -29,7 +29,10 @@ step's ``fn`` runs ``steps`` times inline, so its kernels are recorded into the 
 
 On NumPy and the strict device no graph exists: recording executes nothing, and each call runs
 ``fn`` ``steps`` times under the same guard, as ONE counted device op (a replay is one launch on
-a GPU too). So code and tests run everywhere with the GPU's semantics for sync-free code.
+a GPU too). The outputs are the same buffers at every replay there too (`_StaticOutputs`): the
+first replay's outputs become the step's buffers, and each later replay's are copied into them
+(copies inside the replay's one device op). So code and tests run everywhere with the GPU's
+semantics for sync-free code.
 
 A Python number inside a captured step is baked in when it is recorded: values that change per
 step (the learning rate, the step count) must be device scalars updated inside the step.
@@ -204,9 +207,84 @@ def _materialized(backend: Backend, result: Any) -> Any:
         known.mark_live(static)  # rewritten by every replay: never a known value
         return _wrap(backend, static)
     if isinstance(result, (tuple, list)):
-        return type(result)(_materialized(backend, r) for r in result)
+        return _rebuilt(result, [_materialized(backend, r) for r in result])
     if isinstance(result, dict):
         return {key: _materialized(backend, value) for key, value in result.items()}
+    return result
+
+
+def _rebuilt(container: Any, items: list[Any]) -> Any:
+    """A tuple or list (a named tuple included) like ``container`` holding ``items``."""
+    if isinstance(container, tuple) and hasattr(container, "_fields"):
+        return type(container)(*items)
+    return type(container)(items)
+
+
+class _StaticOutputs:
+    """A step's outputs on NumPy and the strict device, as a GPU gives them: the same buffers at
+    every replay. The first replay's outputs (a GPUScalar's value in its 0-d array) become the
+    buffers; each later replay's are copied into them (device ops of the replay: not counted
+    again). A NumPy scalar (NumPy's 0-d results) is returned as computed; any other value (a
+    Python number, None) is the first replay's, as a recording freezes it. A later replay
+    returning outputs of another form is an error (a graph's outputs cannot change)."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self) -> None:
+        self.outputs: Any = _NOTHING_YET
+
+    def keep(self, backend: Backend, result: Any) -> Any:
+        if self.outputs is _NOTHING_YET:
+            self.outputs = _materialized(backend, result)
+            return _fresh(backend, self.outputs)
+        return _copy_into(self.outputs, result, "the output")
+
+
+_NOTHING_YET: Any = object()
+
+
+def _copy_into(kept: Any, new: Any, where: str) -> Any:
+    """Copy a replay's outputs ``new`` into the buffers ``kept`` (`_StaticOutputs`); returns
+    what the replay returns: the buffers (GPUScalars fresh over theirs)."""
+
+    def mismatch(what: str) -> TypeError:
+        return TypeError(f"gs.capture: {where} of this replay is {what}, unlike the first "
+                         "replay's; a captured step returns the same buffers at every replay, "
+                         "so its outputs keep their form (on a GPU they are the recorded ones)")
+
+    if isinstance(kept, GPUScalar):
+        if not isinstance(new, GPUScalar) or new.dtype != kept.dtype:
+            raise mismatch(f"a {type(new).__name__}" + (
+                f" of dtype {new.dtype}" if isinstance(new, GPUScalar) else ""))
+        target, source = _array_of(kept), _array_of(new)
+        result: Any = _wrap(kept.backend, target)
+    elif backend_of(kept) is not None:
+        if backend_of(new) is not backend_of(kept) or new.shape != kept.shape or (
+                new.dtype != kept.dtype):
+            raise mismatch(f"a {type(new).__name__}" + (
+                f" of shape {new.shape} and dtype {new.dtype}" if hasattr(new, "shape") else ""))
+        target = result = kept
+        source = new
+    elif isinstance(kept, (tuple, list)):
+        if type(new) is not type(kept) or len(new) != len(kept):
+            raise mismatch(f"a {type(new).__name__}" + (
+                f" of {len(new)} item{'' if len(new) == 1 else 's'}"
+                if isinstance(new, (tuple, list)) else ""))
+        return _rebuilt(kept, [_copy_into(old, value, f"{where}[{index}]")
+                               for index, (old, value) in enumerate(zip(kept, new, strict=True))])
+    elif isinstance(kept, dict):
+        if not isinstance(new, dict) or new.keys() != kept.keys():
+            raise mismatch(f"a {type(new).__name__}" + (
+                f" with keys {sorted(map(str, new))}" if isinstance(new, dict) else ""))
+        return {key: _copy_into(old, new[key], f"{where}[{key!r}]") for key, old in kept.items()}
+    elif isinstance(kept, np.generic) and isinstance(new, np.generic):
+        return new  # a NumPy 0-d result: a value, as computed
+    else:  # a Python value, frozen as a recording freezes it
+        return kept
+    if source is not target:
+        backend = backend_of(target)
+        assert backend is not None
+        backend.call(backend.xp.copyto, target, source)
     return result
 
 
@@ -216,7 +294,7 @@ def _fresh(backend: Backend, result: Any) -> Any:
     if isinstance(result, GPUScalar):
         return _wrap(backend, _array_of(result))
     if isinstance(result, (tuple, list)):
-        return type(result)(_fresh(backend, r) for r in result)
+        return _rebuilt(result, [_fresh(backend, r) for r in result])
     if isinstance(result, dict):
         return {key: _fresh(backend, value) for key, value in result.items()}
     return result
@@ -365,6 +443,7 @@ class CapturedStep:
         self._fn, self._args = fn, args
         self._name = getattr(fn, "__name__", "fn")
         self._result: Any = None
+        self._outputs = _StaticOutputs()  # the buffers a replay returns on NumPy / strict
         self._resources: _GraphResources | None = None
         self._released = False
         if self.backend is CUPY:
@@ -421,7 +500,8 @@ class CapturedStep:
 
     def __call__(self) -> Any:
         """Replay the step: one graph launch (on NumPy, ``steps`` calls of fn under the sync
-        guard, counted as one device op); returns the step's outputs."""
+        guard, counted as one device op); returns the step's outputs, the same buffers at
+        every replay (a GPUScalar as a fresh GPUScalar over its buffer)."""
         if self._released:
             raise RuntimeError("gs.capture: this CapturedStep was released; capture it again")
         sync.note_graph_replay()
@@ -447,8 +527,10 @@ class CapturedStep:
             ):
                 for _ in range(self.steps):
                     result = self._fn(*self._args)
-                if self.backend is CUPY:
+                if self.backend is CUPY:  # inside another recording: this one's buffers
                     result = _materialized(self.backend, result)
+                else:  # the same buffers at every replay, as a graph's
+                    result = self._outputs.keep(self.backend, result)
         except (NotImplementedError, RuntimeError) as error:
             pointed = _pointed(error)
             if pointed is None:
@@ -462,6 +544,7 @@ class CapturedStep:
         are dropped too, so whatever they hold (arrays, closures) can be freed."""
         self._released = True
         self._result = None
+        self._outputs = _StaticOutputs()
         self._fn, self._args = _released_step, ()
         if self._resources is not None:
             self._finalizer()
