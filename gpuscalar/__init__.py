@@ -6,7 +6,7 @@ Importing gpuscalar never imports CuPy.
 
 # GPUScalar's operators and array operations first: they register behind its hooks
 from . import arrays, operators  # noqa: F401, I001
-from . import ad, optim, strict
+from . import ad, linalg, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .control import cond, while_loop
 from .deferred import MetricLog, read
@@ -117,6 +117,7 @@ __all__ = [
     "isinf",
     "isnan",
     "lazy",
+    "linalg",
     "set_cache_size",
     "cache_size",
     "log",
