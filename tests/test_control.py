@@ -576,6 +576,26 @@ def test_capture_inside_a_body_is_an_error(xp):
         gs.while_loop(lambda x: gs.GPUScalar(x) < 3, body, x, max_iter=3)
 
 
+# ---- the page: docs/control-flow.md runs as written -------------------------------------------
+
+
+def test_the_control_flow_page_runs_in_order_and_prints_what_it_shows(tmp_path, monkeypatch):
+    """Its blocks, in order, in one namespace (the port of CG in both state forms included),
+    each printing what the text shows (sections of other pages' subjects, the Krylov solvers,
+    are tested with them)."""
+    from .test_readme import SKETCH, python_blocks, run_block  # noqa: PLC0415
+
+    page = [block for block in python_blocks(ROOT / "docs" / "control-flow.md")
+            if "Krylov" not in block.section and not block.code.startswith(SKETCH)]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__page__"}
+    shown = 0
+    for block in page:
+        run_block(block, namespace)
+        shown += block.shown is not None
+    assert shown >= 3 and "cg_functional" in namespace and "cg_in_place" in namespace
+
+
 # ---- the shipped examples, on every backend ---------------------------------------------------
 
 
