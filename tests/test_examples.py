@@ -57,3 +57,14 @@ def test_kmeans_stops_when_labels_stop_changing_with_zero_syncs():
     (n, syncs), (n_plain, syncs_plain) = _loop_lines(out)
     assert syncs == 0 and n == n_plain > 1 and syncs_plain == n_plain + 1
     assert "same labels and centers: True" in out
+
+
+def test_krylov_solvers_each_solve_with_zero_syncs_and_converge():
+    out = _run_example("krylov_solvers.py")
+    found = re.findall(r"^(\w+): iterations (\d+), info (-?\d+), syncs (\d+), residual (\S+)$",
+                       out, re.MULTILINE)
+    assert [f[0] for f in found] == ["cg", "cgs", "bicgstab", "gmres", "minres"], out
+    for name, iterations, info, syncs, residual in found:
+        assert int(syncs) == 0 and int(info) == 0 and int(iterations) > 5, name
+        # minres's test is ||r|| <= rtol ||A|| ||x|| (here ||A|| ~ 4, ||x|| ~ 10^2 ||b||)
+        assert float(residual) < (1e-8 if name != "minres" else 1e-5), name

@@ -101,7 +101,7 @@ def _real_number(value: Any, solver: str, name: str) -> float:
             f"gpuscalar.linalg.{solver}: {name} must be a real Python number, got "
             f"{type(value).__name__} (checking a device value would need a read)"
         )
-    if not value >= 0:
+    if not float(value) >= 0:  # NaN too
         raise ValueError(f"gpuscalar.linalg.{solver}: {name} must be a real number >= 0, "
                          f"got {value}")
     return float(value)
@@ -187,9 +187,10 @@ class System:
         if x0 is not None:
             _vector(x0, n, solver, "x0", backend)
         for op, name in ((A, "A"), (M, "M")):
-            if backend_of(op) not in (None, backend):
-                raise TypeError(f"gpuscalar.linalg.{solver}: {name} is a "
-                                f"{backend_of(op).name} array but b is a {backend.name} array")
+            other = backend_of(op)
+            if other is not None and other is not backend:
+                raise TypeError(f"gpuscalar.linalg.{solver}: {name} is a {other.name} array "
+                                f"but b is a {backend.name} array")
         self.dtype = _solver_dtype(self.A.dtype, b.dtype, None if x0 is None else x0.dtype)
         self.real_dtype = np.dtype(self.dtype.char.lower())
         self.backend, self.xp, self.n = backend, backend.xp, n
