@@ -264,11 +264,27 @@ def _cell_value(cell: Any) -> Any:
         return None
 
 
+def _attributes(value: Any) -> list[Any]:
+    """What an object's ``__dict__`` and ``__slots__`` hold (nothing where asking fails)."""
+    found: list[Any] = []
+    try:
+        attributes = getattr(value, "__dict__", None)
+        if isinstance(attributes, dict):
+            found.extend(attributes.values())
+        for slot in getattr(type(value), "__slots__", ()):
+            if isinstance(slot, str) and hasattr(value, slot):
+                found.append(getattr(value, slot))
+    except Exception:  # noqa: BLE001 - an object that refuses to be looked at holds nothing here
+        return found
+    return found
+
+
 def reachable_arrays(roots: Iterable[Any]) -> list[tuple[Backend, Any]]:
     """The host-evaluated arrays (NumPy, the strict device) reachable from ``roots``: the
     arrays themselves, what containers hold, what functions close over, name as globals or
-    take as defaults (not library functions: their caches are no body's state), and the
-    attributes of other objects, to `_REACH_DEPTH` levels and `_REACH_LIMIT` values."""
+    take as defaults (not the module-level functions of NumPy, CuPy, SciPy or gpuscalar: their
+    caches are no body's state; a body defined inside one is followed), and the attributes
+    of other objects, to `_REACH_DEPTH` levels and `_REACH_LIMIT` values."""
     found: dict[int, tuple[Backend, Any]] = {}
     seen: set[int] = set()
 
@@ -293,18 +309,15 @@ def reachable_arrays(roots: Iterable[Any]) -> list[tuple[Backend, Any]]:
         elif isinstance(value, types.MethodType):
             inner = (value.__func__, value.__self__)
         elif isinstance(value, types.FunctionType):
-            if (value.__module__ or "").split(".")[0] in _LIBRARY_MODULES:
+            library = (value.__module__ or "").split(".")[0] in _LIBRARY_MODULES
+            if library and "<locals>" not in value.__qualname__:  # (a body defined there is not)
                 return
             cells = [_cell_value(cell) for cell in value.__closure__ or ()]
             named = value.__globals__
             inner = (*cells, *(named[n] for n in set(_names_used(value.__code__)) if n in named),
                      *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
         else:
-            attributes = getattr(value, "__dict__", None)
-            inner = list(attributes.values()) if isinstance(attributes, dict) else []
-            for slot in getattr(type(value), "__slots__", ()):
-                if isinstance(slot, str) and hasattr(value, slot):
-                    inner.append(getattr(value, slot))
+            inner = _attributes(value)
         for item in inner:
             visit(item, depth - 1)
 

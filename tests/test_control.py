@@ -511,6 +511,12 @@ def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(x
     assert {id(a), id(b), id(c), id(d), id(e)} <= ids
     assert bodies.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
 
+    def library_body(x):  # a body a library defines (a solver's) is followed
+        x += a
+
+    library_body.__module__ = "gpuscalar.linalg"
+    assert [array for _, array in bodies.reachable_arrays((library_body,))] == [a]
+
 
 # ---- errors -------------------------------------------------------------------------------------
 
