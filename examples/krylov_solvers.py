@@ -26,7 +26,8 @@ from gpuscalar.linalg._gmres import _gmres
 from gpuscalar.linalg._minres import _minres
 
 # the solvers' entry points that also return the iteration count (the loop's, no callback)
-SOLVERS = {"cg": _cg, "cgs": _cgs, "bicgstab": _bicgstab, "gmres": _gmres, "minres": _minres}
+SOLVERS: dict[str, Any] = {"cg": _cg, "cgs": _cgs, "bicgstab": _bicgstab, "gmres": _gmres,
+                           "minres": _minres}
 RTOL = 1e-8
 
 
