@@ -63,6 +63,7 @@ from .reduce import (
     vdot,
 )
 from .scalar import GPUScalar, asscalar
+from .sparse import as_csr, spmv
 from .sync import (
     SyncCounter,
     SyncError,
@@ -126,6 +127,8 @@ __all__ = [
     "log2",
     "logsumexp",
     "matmul",
+    "spmv",
+    "as_csr",
     "max",
     "maximum",
     "mean",

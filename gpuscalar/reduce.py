@@ -18,6 +18,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
 from .backend import Backend, backend_of
+from .cuda import linalg
 from .scalar import GPUScalar, _array_of, _wrap
 from .sync import describe
 
@@ -207,15 +208,21 @@ def _pair(a: Any, b: Any, function: str) -> tuple[Backend, Any, Any]:
 
 
 def dot(a: Any, b: Any) -> Any:
-    """Device ``dot``; the dot of two vectors is a GPUScalar."""
+    """Device ``dot`` (``xp.dot``'s rules and promotion); the dot of two vectors is a GPUScalar.
+
+    Works in `gs.while_loop`/`gs.cond` bodies and `gs.capture` steps on every device, for
+    every float and complex dtype: where CuPy's cuBLAS would refuse the recording stream,
+    vectors take gpuscalar's own dot kernel and matrices `gs.matmul` (`gpuscalar.cuda.linalg`).
+    """
     backend, array_a, array_b = _pair(a, b, "dot")
-    return _result(backend, backend.call(backend.xp.dot, array_a, array_b))
+    return _result(backend, linalg.dot(backend, array_a, array_b))
 
 
 def vdot(a: Any, b: Any) -> GPUScalar:
-    """Device ``vdot`` (conjugates ``a``, flattens both): always a GPUScalar."""
+    """Device ``vdot`` (conjugates ``a``, flattens both): always a GPUScalar. Works in loop,
+    branch and capture bodies on every device, as `dot` does."""
     backend, array_a, array_b = _pair(a, b, "vdot")
-    return _result(backend, backend.call(backend.xp.vdot, array_a, array_b))
+    return _result(backend, linalg.vdot(backend, array_a, array_b))
 
 
 @overload

@@ -29,14 +29,18 @@ where it matters:
   array onto itself (``x[...] = x``, and the store-back of ``x[...] -= v``) launches nothing;
   ``xp.linalg.norm`` counts the kernels ``cupy.linalg.norm`` launches (three for the 2-norm of
   a vector: square, sum, sqrt; one for a 2-norm over given axes);
-- inside a captured step's body (`gpuscalar.sync.in_graph_body`), what CuPy refuses while its
-  stream captures (CuPy 14's source): a host-to-device copy (``xp.asarray``/``xp.array`` of host
-  data of 1 or more dimensions, ``x.set(host)``, assignment through host index arrays, a
-  ``stack``/``concatenate`` of more than 8 inputs that CuPy joins through a host-built table of
-  pointers) is a ``RuntimeError`` with CuPy's words, `H2D_CAPTURE_MESSAGE`; a matrix product of
-  floating arrays (``@``, ``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``: cuBLAS in
-  CuPy) is CuPy's ``NotImplementedError``, `CUBLAS_CAPTURE_MESSAGE`. A 0-d array made from a
-  Python number is allowed there, as in CuPy (a fill kernel with the value as its argument);
+- inside a body (a `gs.while_loop`/`gs.cond` body or a `gs.capture` step:
+  `gpuscalar.sync.in_graph_body`), what CuPy refuses while its stream captures
+  (`gpuscalar.strict_capture`, from CuPy 14's source): a host-to-device copy (``xp.asarray``
+  of host data of 1 or more dimensions, ``x.set(host)``, host index arrays, a join of more
+  than 8 inputs through a host-built pointer table) is a ``RuntimeError`` with CuPy's words,
+  `H2D_CAPTURE_MESSAGE`; cuBLAS (matrix products of floating arrays), cuSOLVER
+  (``xp.linalg.solve``, ``eigh``, ``inv`` ...), cuRAND (``xp.random.*``, generator draws) and
+  cuSPARSE (`gpuscalar.strict_sparse`) are CuPy's ``NotImplementedError`` with the gpuscalar
+  call to use instead. A 0-d array made from a Python number is allowed there, as in CuPy;
+- boolean-mask indexing and assignment (``x[mask]``, ``x[mask] = v``) are syncs, as CuPy 14
+  reads the mask's count back; namedtuple results (``linalg.eigh``, ``svd``, ``qr``,
+  ``slogdet``) hold strict arrays;
 - ``xp.random.default_rng`` is CuPy's, drawing strict arrays (`gpuscalar.strict_random`).
 
 One implementation serves three purposes: the tests (the ``xp`` fixture runs every
@@ -57,25 +61,26 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import sync
+from . import strict_capture, sync
 from .backend import Backend, register_backend
+from .strict_capture import (
+    CUBLAS_CAPTURE_MESSAGE,
+    CURAND_CAPTURE_MESSAGE,
+    CUSOLVER_CAPTURE_MESSAGE,
+    CUSPARSE_CAPTURE_MESSAGE,
+    H2D_CAPTURE_MESSAGE,
+)
 from .strict_random import Generator, default_rng_on
 
 __all__ = ["StrictArray", "StrictBackend", "STRICT", "Device", "xp", "device", "IMPLICIT_MESSAGE",
-           "H2D_CAPTURE_MESSAGE", "CUBLAS_CAPTURE_MESSAGE", "FILL_MESSAGE"]
+           "H2D_CAPTURE_MESSAGE", "CUBLAS_CAPTURE_MESSAGE", "CUSOLVER_CAPTURE_MESSAGE",
+           "CURAND_CAPTURE_MESSAGE", "CUSPARSE_CAPTURE_MESSAGE", "FILL_MESSAGE"]
 
 #: CuPy's words when something asks for a host array implicitly.
 IMPLICIT_MESSAGE = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
     "NumPy array explicitly."
 )
-#: CuPy's words (a RuntimeError from ``MemoryPointer.copy_from_host_async``, cupy/cuda/memory.pyx,
-#: CuPy 14) for a host-to-device copy while the current stream captures: what ``cupy.asarray``
-#: of host data of >= 1 dimension, ``ndarray.set`` and host index arrays reach.
-H2D_CAPTURE_MESSAGE = "the current stream is capturing, so H2D transfers are disallowed"
-#: CuPy's words (a NotImplementedError from ``cupy_backends.cuda.libs.cublas.setStream``) for a
-#: cuBLAS call while the current stream captures: what ``@``/``matmul``/``dot`` of floats reach.
-CUBLAS_CAPTURE_MESSAGE = "calling cuBLAS API during stream capture is currently unsupported"
 #: CuPy's words (a ValueError from ``ndarray.fill``) for ``x[...] = host_array``.
 FILL_MESSAGE = "non-scalar numpy.ndarray cannot be used for fill"
 
@@ -138,6 +143,8 @@ def _lift(value: Any, device_id: int) -> Any:
         return tuple(_lift(v, device_id) for v in value)
     if type(value) is list:
         return [_lift(v, device_id) for v in value]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # linalg.eigh's, svd's ...
+        return type(value)(*(_lift(v, device_id) for v in value))
     return value
 
 
@@ -186,13 +193,16 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     operands = _Operands()
     raw_args = operands.unwrap(args)
     raw_kwargs = operands.unwrap(kwargs)
-    if function in _CUBLAS_PRODUCTS:
-        _refuse_cublas_in_graph_body(raw_args)
-    elif function in _JOINS:
-        _refuse_pointer_table_in_graph_body(raw_args, raw_kwargs)
+    rule = _LIBRARY_RULES.get(function)
+    if rule is not None and sync.in_graph_body():  # what CuPy refuses while capturing
+        rule(function, raw_args, raw_kwargs)
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
+
+
+_LIBRARY_RULES = strict_capture.LIBRARY_RULES
+_refuse_upload_in_graph_body = strict_capture.refuse_upload
 
 
 def _draw(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -202,69 +212,6 @@ def _draw(function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 def _refuse_implicit(*_: Any, **__: Any) -> Any:
     raise TypeError(IMPLICIT_MESSAGE)
-
-
-# ---- what CuPy refuses while its stream captures (inside a captured step's body) ---------------
-
-
-def _refuse_upload_in_graph_body() -> None:
-    """A host-to-device copy: refused in a captured step's body, as CuPy refuses it while the
-    current stream captures (the graph would replay a copy from host memory long gone)."""
-    if sync.in_graph_body():
-        raise RuntimeError(H2D_CAPTURE_MESSAGE)
-
-
-#: NumPy's matrix products: cuBLAS calls in CuPy for floating and complex dtypes
-#: (``_routines_linalg.tensordot_core`` / ``matmul``; integer products use CuPy's own kernels)
-_CUBLAS_PRODUCTS = frozenset({np.matmul, np.dot, np.vdot, np.inner, np.tensordot,
-                              np.ndarray.dot})
-
-
-def _refuse_cublas_in_graph_body(raw_args: tuple) -> None:
-    """A matrix product of floating arrays: refused in a captured step's body, as CuPy's cuBLAS
-    refuses the capturing stream (a product with a 0-d operand is a multiply in CuPy)."""
-    if not sync.in_graph_body():
-        return
-    arrays = [a for a in raw_args if type(a) is np.ndarray]
-    if len(arrays) >= 2 and all(a.ndim for a in arrays) and (
-        np.result_type(*arrays).kind in "fc"
-    ):
-        raise NotImplementedError(CUBLAS_CAPTURE_MESSAGE)
-
-
-#: NumPy's joining functions: each is ``cupy.concatenate`` in CuPy (``stack`` and the
-#: ``*stack`` helpers add an axis or reshape first, then concatenate).
-_JOINS = frozenset({np.concatenate, np.stack, np.hstack, np.vstack, np.dstack, np.column_stack})
-#: CuPy 14's ``_concatenate`` (cupy/_core/_routines_manipulation.pyx) joins more than this many
-#: inputs of the result's dtype, averaging under `_POINTER_TABLE_BYTES` each, in one kernel that
-#: reads a table of their pointers, built on the host and copied with ``core.array(ptrs)``.
-_POINTER_TABLE_MAX_COPIES = 8
-_POINTER_TABLE_BYTES = 2 * 1024 * 1024
-
-
-def _refuse_pointer_table_in_graph_body(raw_args: tuple, raw_kwargs: dict) -> None:
-    """A join CuPy does through its host-built pointer table: a host-to-device copy, refused in
-    a captured step's body with CuPy's words (outside a body it is allowed, as in CuPy). Joins
-    of 8 inputs or fewer, of mixed dtypes, or of large inputs are one copy kernel per input in
-    CuPy: device work only."""
-    if not sync.in_graph_body():
-        return
-    arrays = raw_args[0] if raw_args else raw_kwargs.get("arrays", raw_kwargs.get("tup", ()))
-    arrays = [a for a in arrays if type(a) is np.ndarray]
-    if len(arrays) <= _POINTER_TABLE_MAX_COPIES:
-        return
-    out = raw_kwargs.get("out", raw_args[2] if len(raw_args) > 2 else None)
-    dtype = raw_kwargs.get("dtype")
-    if out is not None:
-        target = out.dtype
-    elif dtype is not None:
-        target = np.dtype(dtype)
-    else:
-        target = np.result_type(*arrays)
-    if all(a.dtype == target for a in arrays) and (
-        sum(a.size for a in arrays) * target.itemsize < _POINTER_TABLE_BYTES * len(arrays)
-    ):
-        raise RuntimeError(H2D_CAPTURE_MESSAGE)
 
 
 def _device_index(key: Any) -> Any:
@@ -492,6 +439,9 @@ class StrictArray(NDArrayOperatorsMixin):
                 return  # CuPy skips copying an array onto itself: no device work
         else:
             key = _device_index(key)
+            if any(type(p) is StrictArray and p.dtype == np.bool_
+                   for p in (key if type(key) is tuple else (key,))):
+                _declare_sync()  # CuPy reads the mask's count back (_prepare_mask_indexing)
             if not device_value and np.ndim(value) != 0:
                 value = xp.asarray(value)  # CuPy uploads host data for an advanced index
         _call(np.ndarray.__setitem__, (self, key, value), {})
@@ -623,7 +573,7 @@ class _Namespace:
         elif isinstance(value, type) or not callable(value):
             found = value  # dtypes, constants, newaxis
         else:
-            found = _namespace_function(name, value)
+            found = _namespace_function(name, value, drawn=self._module is np.random)
         self.__dict__[name] = found
         return found
 
@@ -631,10 +581,13 @@ class _Namespace:
         return f"<gpuscalar strict namespace over {self._module.__name__}>"
 
 
-def _namespace_function(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+def _namespace_function(name: str, function: Callable[..., Any], drawn: bool = False
+                        ) -> Callable[..., Any]:
     syncs = name in _SYNCING_FUNCTIONS
 
     def strict_function(*args: Any, device: int | None = None, **kwargs: Any) -> Any:
+        if drawn:  # xp.random.*: cuRAND in CuPy, refused in a body
+            strict_capture.refuse_curand(name)
         if syncs:
             _declare_sync()
         routed = _gpuscalar_route(name, args, kwargs)
@@ -683,9 +636,11 @@ def asarray(value: Any, dtype: Any = None, *, device: int | None = None, copy: A
 
 
 def _linalg_norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:
-    """``cupy.linalg.norm``: NumPy's norm, counted as the kernels CuPy launches for it."""
-    result = _call(np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})
+    """``cupy.linalg.norm``: NumPy's norm, counted as the kernels CuPy launches for it (the
+    SVD-based matrix orders are cuSOLVER in CuPy: refused in a body)."""
     data = _Operands().unwrap(x)
+    strict_capture.refuse_matrix_norm(ord, np.ndim(data), axis)
+    result = _call(np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})
     for _ in range(_cupy_norm_launches(np.result_type(data), np.ndim(data), ord, axis) - 1):
         sync.note_device_op()
     return result

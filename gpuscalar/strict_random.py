@@ -12,9 +12,10 @@ What CuPy has and NumPy gives: a `Generator` has exactly the methods of ``cupy.r
 ``dtype`` where CuPy takes it, returns a 0-d array for ``size=None`` as CuPy does, and fills and
 returns ``out=``. The values are NumPy's for the seed; cuRAND's differ.
 
-Not modelled yet: CuPy refuses ``cupy.random`` while its stream captures, so a draw in a captured
-step's or loop's body (`gpuscalar.sync.in_graph_body`) fails on a GPU but not here (a separate
-issue will make the strict device refuse it there).
+In a body (a `gs.while_loop`/`gs.cond` body or a `gs.capture` step:
+`gpuscalar.sync.in_graph_body`) every draw is refused, as `gpuscalar.strict_capture` explains
+(CuPy's cuRAND refuses a capturing stream, and its generator's draws with array parameters
+upload a table: the conservative side for the rest).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sync
+from . import strict_capture, sync
 
 __all__ = ["GENERATOR_METHODS", "Generator", "default_rng_on"]
 
@@ -80,6 +81,7 @@ def _method(name: str) -> Callable[..., Any]:
     cast_after = name in _DTYPE_CAST_AFTER
 
     def method(self: Generator, *args: Any, **kwargs: Any) -> Any:
+        strict_capture.refuse_curand(f"Generator.{name}")
         function = getattr(self._numpy, name)
         dtype = kwargs.pop("dtype", None) if cast_after else None
         if dtype is not None:
@@ -106,6 +108,7 @@ def default_rng_on(draw: Draw) -> Callable[..., Generator]:
         returned as it is. Setting up its state is one device op, as in CuPy."""
         if type(seed) is Generator:
             return seed
+        strict_capture.refuse_curand("default_rng")
         with sync.one_device_op():
             return Generator(np.random.default_rng(seed), draw)
 

@@ -891,3 +891,8 @@ def recording(memory: FakeMemory, *, check: bool = True,
     seam = RecordingSeam(memory, check=check, compile=compile)
     with CUPY.seam_replaced(seam):
         yield seam
+
+
+# ---- complex kernel parameters (gpuscalar.cuda.products: CuPy's complex<T> as cfloat/cdouble) ----
+
+C_TYPES.update({"cfloat": np.complex64, "cdouble": np.complex128})

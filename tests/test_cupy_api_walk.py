@@ -21,7 +21,7 @@ from .cupy_seam import COVERED
 #: the test modules whose tests are marked with `covers` (imported so the marks are collected)
 DISPATCH_MODULES = ("tests.test_cupy_seam", "tests.test_cupy_into", "tests.test_cupy_workloads",
                     "tests.test_optim_rmsprop_lion", "tests.test_control_cuda",
-                    "tests.test_cupy_metrics")
+                    "tests.test_cupy_metrics", "tests.test_sparse")
 
 #: public name -> (module, test) of a dispatch test that covers it without the decorator
 _WORKLOADS = "tests.test_cupy_workloads"

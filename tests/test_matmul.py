@@ -161,14 +161,18 @@ def test_alpha_and_beta_scale_the_product_and_out(xp, rng):
 @pytest.mark.parametrize(
     ("case", "error", "match"),
     [("list", TypeError, "a must be a NumPy, strict or CuPy array, got list"),
-     ("int", TypeError, "float32 or float64, got int64"),
-     ("mixed", TypeError, "a is float32 but b is float64"),
+     ("int", TypeError, "float32, float64, complex64 or complex128, got int64"),
+     ("coo", TypeError, r"got coo_matrix \(COO sparse: convert it with .tocsr\(\)"),
+     ("sparse_alpha", TypeError, "alpha and beta are not supported with a sparse matrix"),
+     ("complex_alpha", TypeError, "alpha must be a real number or GPUScalar for a float64 "
+                                  "product, got complex"),
      ("backends", TypeError, "a is a numpy array but b is strict"),
      ("devices", ValueError, "a is on device 0 but b on 1"),
      ("beta", ValueError, "beta scales out"),
      ("out_shape", ValueError, r"out has shape \(2, 2\)"),
      ("out_layout", ValueError, "out must be C-contiguous"),
-     ("alpha", TypeError, "alpha must be a real number or GPUScalar, got str")],
+     ("alpha", TypeError, "alpha must be a real number or GPUScalar for a float64 product, "
+                          "got str")],
 )
 def test_bad_input_names_what_is_wrong(case, error, match):
     a, b = np.ones((2, 3)), np.ones((3, 2))
@@ -177,8 +181,16 @@ def test_bad_input_names_what_is_wrong(case, error, match):
         a = [[1.0]]
     elif case == "int":
         a = np.ones((2, 3), dtype=np.int64)
-    elif case == "mixed":
-        a = a.astype(np.float32)
+    elif case == "coo":
+        import scipy.sparse  # noqa: PLC0415
+
+        b = scipy.sparse.coo_matrix(b)
+    elif case == "sparse_alpha":
+        import scipy.sparse  # noqa: PLC0415
+
+        a, b, kwargs = scipy.sparse.csr_matrix(a), np.ones(3), {"alpha": 2.0}
+    elif case == "complex_alpha":
+        kwargs = {"alpha": 1j}
     elif case == "backends":
         b = strict.xp.ones((3, 2))
     elif case == "devices":

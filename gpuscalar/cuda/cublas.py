@@ -66,18 +66,20 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "cublasSetStream_v2": (_P, _P),
     "cublasSetWorkspace_v2": (_P, _P, _size_t),
     "cublasSetPointerMode_v2": (_P, _I),
-    # handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc
-    "cublasSgemm_v2": (_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
-    "cublasDgemm_v2": (_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
-    # handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy
-    "cublasSgemv_v2": (_P, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
-    "cublasDgemv_v2": (_P, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
-    # ... gemm's arguments with a stride after A, B and C, then the batch count
-    "cublasSgemmStridedBatched": (_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P,
-                                  _I, _L, _I),
-    "cublasDgemmStridedBatched": (_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P,
-                                  _I, _L, _I),
 }
+_GEMM = (_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I)
+_GEMV = (_P, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I)
+_GEMM_BATCHED = (_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P, _I, _L, _I)
+# S, D: float32, float64; C, Z: complex64, complex128 (cuComplex/cuDoubleComplex alpha and
+# beta, read through device pointers like the real ones)
+for _letter in "SDCZ":
+    # handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc
+    _SIGNATURES[f"cublas{_letter}gemm_v2"] = _GEMM
+    # handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy
+    _SIGNATURES[f"cublas{_letter}gemv_v2"] = _GEMV
+    # ... gemm's arguments with a stride after A, B and C, then the batch count
+    _SIGNATURES[f"cublas{_letter}gemmStridedBatched"] = _GEMM_BATCHED
+del _letter
 
 
 class CublasError(RuntimeError):

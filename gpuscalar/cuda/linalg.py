@@ -23,20 +23,23 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .. import ledger, sync
+from .. import ledger, sparse, sync
 from ..backend import CUPY, Backend, backend_of
 from ..scalar import GPUScalar, _array_of, asscalar
-from . import cublas
+from . import cublas, products
 
 __all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare", "release_stream",
-           "close_handles"]
+           "close_handles", "dot", "vdot"]
 
-#: dtypes cuBLAS multiplies here (S and D routines)
-MATMUL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: dtypes cuBLAS multiplies here (the S, D, C and Z routines)
+MATMUL_DTYPES = products.PRODUCT_DTYPES
+#: the cuBLAS routine letter of each dtype
+_LETTERS = {np.dtype(np.float32): "S", np.dtype(np.float64): "D", np.dtype(np.complex64): "C",
+            np.dtype(np.complex128): "Z"}
 
 
 @dataclass(frozen=True)
@@ -210,17 +213,32 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[i
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = None) -> Any:
     """``alpha * (a @ b) + beta * out`` (``a @ b`` by default), without a sync.
 
-    float32/float64 arrays of one backend and device, 1-D to 3-D (NumPy's matmul rules; a 2-D
-    operand broadcasts over a batch). ``out``: a C-contiguous array of the result's shape and
-    dtype, written in place and returned. ``alpha``/``beta``: Python numbers or GPUScalars (read
-    on the device; ``beta`` needs ``out``). On CuPy this is one cuBLAS call that also works
-    inside `gs.capture`; on NumPy and the strict device, ``np.matmul`` (one device op).
+    float32/float64/complex64/complex128 arrays of one backend and device, 1-D to 3-D (NumPy's
+    matmul rules; a 2-D operand broadcasts over a batch); operands of different dtypes promote
+    as ``xp.matmul`` does (float32 @ float64 is float64; on CuPy the operand of the other dtype
+    is first converted, one more launch). ``out``: a C-contiguous array of the result's shape
+    and dtype, written in place and returned. ``alpha``/``beta``: Python numbers or GPUScalars
+    (read on the device; complex only for a complex product; ``beta`` needs ``out``). On CuPy
+    this is one cuBLAS call on gpuscalar's own handle, which also works in `gs.capture` steps
+    and `gs.while_loop`/`gs.cond` bodies; on NumPy and the strict device, ``np.matmul`` (one
+    device op). ``a`` may be a CSR sparse matrix and ``b`` a vector: that is `gs.spmv`.
     """
+    if sparse.is_sparse(a):
+        if alpha is not None or beta is not None:
+            raise TypeError("gs.matmul: alpha and beta are not supported with a sparse matrix; "
+                            "scale the vector or the result instead")
+        return sparse.spmv(a, b, out=out)
     backend = _check_operands(a, b)
-    dtype = a.dtype
-    call, shape = plan(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
+    dtype = np.result_type(a.dtype, b.dtype)
     if beta is not None and out is None:
         raise ValueError("gs.matmul: beta scales out, so it needs out=")
+    # the shapes first, as cuBLAS would see C-contiguous operands (nothing launched yet)
+    call, shape = plan(a.shape, _c_strides(a.shape, dtype.itemsize), b.shape,
+                       _c_strides(b.shape, dtype.itemsize), dtype.itemsize)
+    if not backend.evaluates_on_host:  # the operand of the other dtype converted (a copy)
+        a, b = (operand if operand.dtype == dtype else backend.call(operand.astype, dtype)
+                for operand in (a, b))
+        call, shape = plan(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
     if out is not None:
         _check_out(out, backend, a, b, shape, dtype)
     device = backend.device_of(a)
@@ -240,6 +258,15 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
     return out
 
 
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def _empty_sum(backend: Backend, device: object, shape: tuple[int, ...], dtype: np.dtype,
                out: Any, beta: Any) -> Any:
     """A product with nothing to sum (``k == 0``) or nothing to write: zeros, or beta * out."""
@@ -256,13 +283,16 @@ def _empty_sum(backend: Backend, device: object, shape: tuple[int, ...], dtype: 
 
 
 def _operand_backend(value: Any, what: str) -> Backend:
-    """The backend of matmul operand ``what``, which must be a float32/float64 array."""
+    """The backend of matmul operand ``what``, which must be a float or complex array."""
     found = backend_of(value)
     if found is None:
+        hint = (f" ({value.format.upper()} sparse: convert it with .tocsr(); only a CSR matrix "
+                "may be a)" if sparse.sparse_format(value) is not None else "")
         raise TypeError(f"gs.matmul: {what} must be a NumPy, strict or CuPy array, got "
-                        f"{type(value).__name__}")
+                        f"{type(value).__name__}{hint}")
     if value.dtype not in MATMUL_DTYPES:
-        raise TypeError(f"gs.matmul: {what} must be float32 or float64, got {value.dtype}")
+        raise TypeError(f"gs.matmul: {what} must be float32, float64, complex64 or complex128, "
+                        f"got {value.dtype}")
     return found
 
 
@@ -270,8 +300,6 @@ def _check_operands(a: Any, b: Any) -> Backend:
     backend, found = _operand_backend(a, "a"), _operand_backend(b, "b")
     if found is not backend:
         raise TypeError(f"gs.matmul: a is a {backend.name} array but b is {found.name}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"gs.matmul: a is {a.dtype} but b is {b.dtype}; cast one explicitly")
     if backend.multi_device and backend.device_of(a) != backend.device_of(b):
         raise ValueError(f"gs.matmul: a is on device {backend.device_of(a)!r} but b on "
                          f"{backend.device_of(b)!r}")
@@ -328,16 +356,22 @@ def _coefficient(value: Any, default: float, what: str, backend: Backend, device
         if backend.multi_device and value.device != device:
             raise ValueError(f"gs.matmul: {what} is on device {value.device!r} but the arrays "
                              f"on {device!r}")
-        if value.dtype.kind not in "biuf":
-            raise TypeError(f"gs.matmul: {what} must be real, got a GPUScalar of {value.dtype}")
+        if value.dtype.kind not in ("biufc" if dtype.kind == "c" else "biuf"):
+            raise TypeError(f"gs.matmul: {what} must be real for a {dtype} product, got a "
+                            f"GPUScalar of {value.dtype}")
         return _array_of(asscalar(value, dtype=dtype)) if backend is CUPY else value
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"gs.matmul: {what} must be a real number or GPUScalar, got "
-                        f"{type(value).__name__}")
+    numbers: tuple[type, ...] = (int, float, np.integer, np.floating)
+    if dtype.kind == "c":
+        numbers += (complex, np.complexfloating)
+    if isinstance(value, bool) or not isinstance(value, numbers):
+        kind = "number" if dtype.kind == "c" else "real number"
+        raise TypeError(f"gs.matmul: {what} must be a {kind} or GPUScalar for a {dtype} "
+                        f"product, got {type(value).__name__}")
     if backend is not CUPY:
         return value
-    if float(value) in _KEPT_VALUES:
-        return _device_constant(backend, device, dtype, float(value))
+    number = complex(cast(Any, value))
+    if number.imag == 0 and number.real in _KEPT_VALUES:
+        return _device_constant(backend, device, dtype, number.real)
     # Any other number: written on the current stream by a fill kernel that takes it as an
     # argument (one counted launch; no stream of its own, no wait, nothing kept per value, and
     # inside a capture the number is baked into the graph like every kernel argument).
@@ -383,16 +417,94 @@ def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta
     alpha_value = data(_array_of(alpha)) if isinstance(alpha, GPUScalar) else alpha
     beta_value = data(_array_of(beta)) if isinstance(beta, GPUScalar) else beta
     dtype = product.dtype
-    if not (isinstance(alpha_value, (int, float)) and alpha_value == 1):
+    if not (isinstance(alpha_value, (int, float, complex)) and alpha_value == 1):
         product = np.multiply(np.asarray(alpha_value).astype(dtype), product)
     if out is None:
         return backend.from_host_data(product, a)
     target = data(out)
-    if isinstance(beta_value, (int, float)) and beta_value == 0:
+    if isinstance(beta_value, (int, float, complex)) and beta_value == 0:
         target[...] = product
     else:
         target[...] = np.asarray(beta_value).astype(dtype) * target + product
     return out
+
+
+# ---- dot and vdot (gs.dot, gs.vdot) ------------------------------------------------------------
+
+
+def _recorded() -> bool:
+    """Whether CuPy work issued now is recorded into a CUDA graph (a loop, branch or captured
+    body, or a capture of the user's own): CuPy's cuBLAS refuses the stream then."""
+    return ledger.in_graph_body() or bool(CUPY.seam.current_stream().is_capturing())
+
+
+def _on_host(backend: Backend, function: Any, a: Any, b: Any) -> Any:
+    """NumPy's ``function`` (``dot``/``vdot``) of two host-evaluated arrays, as the backend's
+    array (0-d for a number)."""
+    return backend.from_host_data(np.asarray(function(backend.host_data(a),
+                                                      backend.host_data(b))), a)
+
+
+def _same_length(a: Any, b: Any, function: str) -> None:
+    if a.size != b.size:
+        raise ValueError(f"gs.{function}: the vectors have different lengths ({a.size} and "
+                         f"{b.size})")
+
+
+def dot(backend: Backend, a: Any, b: Any) -> Any:
+    """``xp.dot(a, b)`` that also works where a graph is recorded (`gs.dot`). On NumPy and
+    the strict device, NumPy's ``dot`` (one device op). On CuPy outside a recording,
+    ``cupy.dot``; while recording, floating and complex products take capture-safe paths: two
+    vectors gpuscalar's dot kernel (`products.dot`), matrices `matmul` (gpuscalar's cuBLAS
+    handle; an N-d operand reshaped to a matrix, copied where it must be), a 0-d operand
+    CuPy's multiply. Mixed dtypes promote as ``xp.dot`` promotes."""
+    if backend.host_memory:  # NumPy
+        return backend.call(backend.xp.dot, a, b)
+    if backend.evaluates_on_host:  # the strict device: its own xp.dot would refuse in a body
+        return backend.call(_on_host, backend, np.dot, a, b)
+    dtype = np.result_type(a.dtype, b.dtype)
+    if backend is not CUPY or dtype not in MATMUL_DTYPES or 0 in (a.ndim, b.ndim) or (
+            not _recorded()):
+        return backend.call(backend.xp.dot, a, b)
+    if a.ndim == 1 and b.ndim == 1:
+        _same_length(a, b, "dot")
+        a, b = (v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype) for v in (a, b))
+        return products.dot(a, b, conj=False)
+    if a.ndim <= 2 and b.ndim <= 2:
+        return matmul(*(v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
+                        for v in (a, b)))
+    inner = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if a.shape[-1] != inner:
+        raise ValueError(f"gs.dot: shapes {a.shape} and {b.shape} are not aligned "
+                         f"({a.shape[-1]} != {inner})")
+    xp = backend.xp
+    rows = backend.call(xp.ascontiguousarray, a, dtype=dtype).reshape(-1, inner)
+    if b.ndim == 1:
+        return matmul(rows, backend.call(xp.ascontiguousarray, b, dtype=dtype)).reshape(
+            a.shape[:-1])
+    moved = xp.moveaxis(b, -2, 0)  # (K, ..., N): a view
+    columns = backend.call(xp.ascontiguousarray, moved, dtype=dtype).reshape(inner, -1)
+    return matmul(rows, columns).reshape(a.shape[:-1] + b.shape[:-2] + b.shape[-1:])
+
+
+def vdot(backend: Backend, a: Any, b: Any) -> Any:
+    """``xp.vdot(a, b)`` (``a`` conjugated, both flattened) that also works where a graph is
+    recorded (`gs.vdot`): as `dot`, with gpuscalar's dot kernel while recording."""
+    if backend.host_memory:
+        return backend.call(backend.xp.vdot, a, b)
+    if backend.evaluates_on_host:
+        return backend.call(_on_host, backend, np.vdot, a, b)
+    dtype = np.result_type(a.dtype, b.dtype)
+    if backend is not CUPY or dtype not in MATMUL_DTYPES or not _recorded():
+        return backend.call(backend.xp.vdot, a, b)
+    _same_length(a, b, "vdot")
+    flat = []
+    for v in (a, b):
+        if v.dtype not in MATMUL_DTYPES:
+            v = backend.call(v.astype, dtype)
+        flat.append(v.reshape(-1) if v.flags.c_contiguous else backend.call(
+            backend.xp.ravel, v))
+    return products.dot(flat[0], flat[1], conj=True)
 
 
 # ---- CuPy: the cuBLAS handles ------------------------------------------------------------------
@@ -533,7 +645,7 @@ def _launch(backend: Backend, call: BlasCall, a: Any, b: Any, out: Any, alpha: A
         handle = _handle(backend, device, stream)
         if not handle.recorded and stream.is_capturing():
             handle.recorded = True  # a graph now reads its workspace: see _stream_gone
-        letter = "S" if a.dtype == np.float32 else "D"
+        letter = _LETTERS[out.dtype]
         x, y = (b, a) if call.x_is == "b" else (a, b)
         alpha_ptr, beta_ptr = alpha.data.ptr, beta.data.ptr
         sync.note_device_op()  # one cuBLAS launch
