@@ -200,6 +200,18 @@ def test_column_vector_b_and_operators_as_callables(xp, name):
 
 
 @pytest.mark.parametrize("name", list(OURS))
+def test_csr_matrices_on_every_device(xp, name):
+    a, b = _system(KIND[name], "float64")
+    _, _, expected_n = _scipy(name, a, b, None, None, rtol=RTOL)
+    b_dev = xp.asarray(b)
+    csr = gs.as_csr(scipy.sparse.csr_matrix(a), like=b_dev)
+    with gs.count_syncs(include_cupy=True) as counter:
+        x, info, n = OURS[name](csr, b_dev, rtol=RTOL)
+    assert counter.count == 0 and host(info) == 0 and host(n) == expected_n
+    _close_within_tolerance(name, a, b, host(x), _scipy(name, a, b, None, None, rtol=RTOL)[0])
+
+
+@pytest.mark.parametrize("name", list(OURS))
 def test_scipy_sparse_and_linear_operators_on_numpy(name):
     a, b = _system(KIND[name], "float64")
     _, _, expected_n = _scipy(name, a, b, None, None, rtol=RTOL)
@@ -243,5 +255,5 @@ def test_a_string_dtype_is_refused():
 
 def test_scipy_sparse_with_a_device_array_is_refused():
     a, b = _system("spd", "float64")
-    with pytest.raises(TypeError, match=r"scipy.sparse matrix.*b is a strict array"):
+    with pytest.raises(TypeError, match=r"scipy.sparse matrix.*b is a strict array.*as_csr"):
         gs.linalg.cg(scipy.sparse.csr_matrix(a), gs.strict.xp.asarray(b))

@@ -11,10 +11,11 @@ returning ``(x, info)`` where ``info`` is an int64 GPUScalar with SciPy's meanin
 converged, > 0 the iteration limit reached, < 0 a breakdown). The iterates are SciPy's
 (``scipy/sparse/linalg/_isolve``): the same iterations, to rounding.
 
-``A`` and ``M`` are dense device arrays, sparse matrices (``scipy.sparse`` on NumPy,
-``cupyx.scipy.sparse`` on CuPy), objects with ``matvec`` and ``shape`` (SciPy's and cupyx's
-LinearOperators) or callables (see `aslinearoperator`); whatever multiplies must work in a loop
-body (no sync, no host-to-device copy). ``callback`` is refused: calling Python with every
+``A`` and ``M`` are dense device arrays, sparse matrices on ``b``'s device (``scipy.sparse`` on
+NumPy, ``cupyx.scipy.sparse`` on CuPy, `gs.as_csr` on any; multiplied by `gs.spmv`), objects
+with ``matvec`` and ``shape`` (SciPy's and cupyx's LinearOperators) or callables (see
+`aslinearoperator`); whatever multiplies must work in a loop body (no sync, no host-to-device
+copy). ``callback`` is refused: calling Python with every
 iterate needs the host every iteration.
 """
 

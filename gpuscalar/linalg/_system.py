@@ -20,8 +20,9 @@ from ..backend import NUMPY, Backend, backend_of
 from ..control import while_loop
 from ..cuda.linalg import matmul
 from ..math import maximum, where
-from ..reduce import norm
+from ..reduce import dot, norm, vdot
 from ..scalar import GPUScalar, _wrap
+from ..sparse import is_sparse, sparse_format, spmv
 
 __all__ = ["LinearOperator", "aslinearoperator", "System", "make_system", "set_to", "put",
            "CONTINUE"]
@@ -50,20 +51,15 @@ class LinearOperator:
 
 
 def _is_sparse(value: Any) -> bool:
-    """A SciPy or cupyx sparse matrix (or array): both have ``nnz`` and ``tocsr``."""
-    module = type(value).__module__
-    return (module.startswith(("scipy.sparse", "cupyx.scipy.sparse"))
-            and hasattr(value, "nnz") and hasattr(value, "tocsr"))
+    """A SciPy, cupyx or strict sparse matrix (or array)."""
+    return is_sparse(value)
 
 
-def _dense_product(a: Any) -> Callable[[Any], Any]:
-    """``x -> a @ x`` for a dense device matrix, through paths that work in a loop body:
-    `gs.matmul` (its own cuBLAS handle) for float32/float64; for complex dtypes, which
-    `gs.matmul` does not take yet, a broadcast product and a row sum (elementwise and reduction
-    kernels, which a CUDA graph records)."""
-    if a.dtype.kind == "f":
-        return lambda x: matmul(a, x)
-    return lambda x: (a * x).sum(axis=1)
+def _sparse_product(a: Any) -> Callable[[Any], Any]:
+    """``x -> a @ x`` for a sparse matrix: `gs.spmv` (capture-safe on every device) for CSR;
+    another format is converted once, here, before any loop."""
+    csr = a if sparse_format(a) == "csr" else a.tocsr()
+    return lambda x: spmv(csr, x)
 
 
 def aslinearoperator(A: Any, *, shape: tuple[int, int] | None = None,
@@ -75,11 +71,11 @@ def aslinearoperator(A: Any, *, shape: tuple[int, int] | None = None,
     if isinstance(A, LinearOperator):
         return A
     if _is_sparse(A):
-        return LinearOperator(A.shape, lambda x: A @ x, A.dtype)
+        return LinearOperator(A.shape, _sparse_product(A), A.dtype)
     if backend_of(A) is not None:
         if A.ndim != 2:
             raise ValueError(f"A must be a 2-D matrix, got an array of shape {A.shape}")
-        return LinearOperator(A.shape, _dense_product(A), A.dtype)
+        return LinearOperator(A.shape, lambda x: matmul(A, x), A.dtype)
     if hasattr(A, "matvec") and hasattr(A, "shape"):
         return LinearOperator(A.shape, A.matvec, getattr(A, "dtype", None))
     if callable(A):
@@ -181,8 +177,8 @@ class System:
                     backend is not NUMPY):
                 raise TypeError(
                     f"gpuscalar.linalg.{solver}: {name} is a scipy.sparse matrix, which "
-                    f"multiplies NumPy arrays, but b is a {backend.name} array; on CuPy use "
-                    "cupyx.scipy.sparse, elsewhere a LinearOperator or callable"
+                    f"multiplies NumPy arrays, but b is a {backend.name} array; put it on b's "
+                    "device first with gs.as_csr(A, like=b)"
                 )
         if x0 is not None:
             _vector(x0, n, solver, "x0", backend)
@@ -231,17 +227,12 @@ class System:
         return x if self.M is None else self.M.matvec(x)
 
     def dot(self, u: Any, v: Any) -> GPUScalar:
-        """SciPy's ``dotprod``: ``vdot(u, v)`` (``u`` conjugated) for complex, ``dot`` for
-        real, through paths a CUDA graph records (`gs.matmul` for real; an elementwise product
-        and a sum for complex)."""
-        if self.dtype.kind == "c":
-            return _wrap(self.backend, (u.conj() * v).sum())
-        return _wrap(self.backend, matmul(u, v))
+        """SciPy's ``dotprod``: ``gs.vdot(u, v)`` (``u`` conjugated) for complex, ``gs.dot``
+        for real (both capture-safe)."""
+        return vdot(u, v) if self.dtype.kind == "c" else dot(u, v)
 
     def vecmat(self, y: Any, V: Any) -> Any:
-        """``y @ V`` (a combination of V's rows) through paths a CUDA graph records."""
-        if self.dtype.kind == "c":
-            return (y[:, None] * V).sum(axis=0)
+        """``y @ V`` (a combination of V's rows), `gs.matmul` (capture-safe)."""
         return matmul(y, V)
 
     def norm(self, u: Any) -> GPUScalar:
