@@ -118,8 +118,10 @@ _DeviceWork = sync.one_device_op  # one array-library call: one device op, neste
 
 def _declare_sync() -> None:
     """A read by the device itself (not through gpuscalar): declared as CuPy declares its own,
-    unless NumPy's implementation is reading inside a device op (no transfer there)."""
-    if not sync.inside_device_op():
+    unless NumPy's implementation is reading inside a device op (no transfer there). In a body
+    (a loop, branch or captured step, which the host executor runs inside the one device op
+    the loop counts as) it is always declared: there it is a sync the GPU would refuse."""
+    if not sync.inside_device_op() or sync.in_graph_body():
         sync.declare_library_sync()
 
 

@@ -433,3 +433,90 @@ def test_a_python_alpha_on_cupy_is_a_fill_kernel_and_keeps_nothing():
             assert seam.uploads == [] and seam.reads == []
         assert (len(streams), seam.stream_waits) == made  # no stream made, nothing waited for
         assert linalg._CONSTANTS == kept  # nothing kept per value
+
+
+# ---- complex dtypes, promotion, and bodies (issue 23) -------------------------------------------
+
+ALL_DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+
+
+def _random(rng, shape, dtype):
+    v = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        v = v + 1j * rng.standard_normal(shape)
+    return v.astype(dtype)
+
+
+@pytest.mark.parametrize(("dtype_a", "dtype_b"),
+                         [(d, d) for d in ALL_DTYPES] + [(np.float32, np.float64),
+                                                         (np.float64, np.complex64),
+                                                         (np.complex64, np.float32)])
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((4, 3), (3, 2)), ((4, 3), (3,)),
+                                                  ((3,), (3, 2)), ((2, 4, 3), (3, 2))])
+def test_matmul_of_every_dtype_pair_promotes_as_numpy(xp, rng, dtype_a, dtype_b, a_shape,
+                                                      b_shape):
+    a, b = _random(rng, a_shape, dtype_a), _random(rng, b_shape, dtype_b)
+    product = gs.matmul(xp.asarray(a), xp.asarray(b))
+    expected = np.matmul(a, b)
+    assert product.dtype == expected.dtype and product.shape == expected.shape
+    np.testing.assert_allclose(host(product), expected, rtol=1e-5)
+
+
+def test_complex_alpha_and_beta_scale_a_complex_product(xp, rng):
+    a, b = _random(rng, (3, 3), np.complex128), _random(rng, (3,), np.complex128)
+    start = _random(rng, (3,), np.complex128)
+    out = xp.asarray(start.copy())
+    alpha = gs.asscalar(np.complex128(1 - 2j), like=out)
+    gs.matmul(xp.asarray(a), xp.asarray(b), out=out, alpha=alpha, beta=0.5j)
+    np.testing.assert_allclose(host(out), (1 - 2j) * (a @ b) + 0.5j * start, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_matmul_in_a_loop_a_branch_and_a_capture_equals_the_eager_product(xp, rng, dtype):
+    a, x0 = xp.asarray(_random(rng, (4, 4), dtype)), xp.asarray(_random(rng, 4, dtype))
+    eager = host(gs.matmul(a, x0))
+    out, i = xp.zeros(4, dtype=dtype), xp.zeros((), dtype=np.int64)
+
+    def body(i):
+        gs.matmul(a, x0, out=out)
+        i += 1
+
+    gs.while_loop(lambda i: i < 1, body, i, max_iter=3)
+    np.testing.assert_allclose(host(out), eager, rtol=1e-5)
+    out[...] = 0
+    gs.cond(gs.GPUScalar(i) > 0, lambda: body(xp.zeros((), dtype=np.int64)), None)
+    np.testing.assert_allclose(host(out), eager, rtol=1e-5)
+    out[...] = 0
+    gs.capture(lambda: gs.matmul(a, x0, out=out), warmup=0)()
+    np.testing.assert_allclose(host(out), eager, rtol=1e-5)
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize(("dtype", "letter"), [(np.complex64, "C"), (np.complex128, "Z")])
+def test_a_complex_product_in_a_cupy_loop_body_is_a_checked_cublas_call(dtype, letter):
+    """Complex products call cuBLAS's C/Z routines on gpuscalar's handle, made before the
+    recording (the seam refuses cublasCreate while capturing), with device-pointer alpha and
+    beta constants made before it too."""
+    from .cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    rng = np.random.default_rng(5)
+    with fake_memory() as memory, recording(memory) as seam:
+        seam.records_only = True
+        a = seam.array(_random(rng, (3, 3), dtype))
+        m = seam.array(_random(rng, (3, 2), dtype))
+        x, y = seam.array(_random(rng, 3, dtype)), seam.array(np.zeros(3, dtype))
+        i = seam.array(np.array(0.0))
+        one, two = gs.asscalar(1.0, like=i), gs.asscalar(2.0, like=i)
+        seam.clear()
+
+        def body(i, x, y):
+            gs.matmul(a, x, out=y)
+            gs.matmul(a, m)
+            i += one
+
+        gs.while_loop(lambda i, x, y: i < two, body, i, x, y, max_iter=5)
+        blas = [launch.name for launch in seam.launches if launch.kind == "cublas"]
+        assert blas == [f"cublas{letter}gemv_v2", f"cublas{letter}gemm_v2"]
+        assert not seam.uploads

@@ -652,3 +652,157 @@ def test_a_single_cupy_array_is_one_array_through_cupys_dispatch(shape):
                     assert host_view(x).shape == shape
             assert launched[0] == launched[1], name
             assert len(launched[0]) == (2 if name in ("all_finite", "clip_grad_norm") else 1)
+
+
+# ---- dot, vdot and norm in loop, branch and capture bodies (issue 23) ---------------------------
+
+BODY_DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+
+
+def _values(rng, shape, dtype):
+    v = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        v = v + 1j * rng.standard_normal(shape)
+    return v.astype(dtype)
+
+
+def _products(x, y, m):
+    """dot of vectors, of a matrix and a vector, of an N-d array and a matrix; vdot; norm."""
+    return {"dot": gs.dot(x, y), "matrix-dot": gs.dot(m, y), "nd-dot": gs.dot(m.reshape(2, 2, 5),
+                                                                           m.T),
+            "vdot": gs.vdot(x, y), "norm": gs.norm(x), "norm-1": gs.norm(m, ord=1)}
+
+
+@pytest.mark.parametrize(("dtype_x", "dtype_y"),
+                         [(d, d) for d in BODY_DTYPES]
+                         + [(np.float32, np.float64), (np.float64, np.complex64),
+                            (np.complex64, np.float32)])
+def test_dot_vdot_norm_in_a_loop_a_branch_and_a_capture_equal_the_eager_values(
+        xp, rng, dtype_x, dtype_y):
+    x, y = xp.asarray(_values(rng, 5, dtype_x)), xp.asarray(_values(rng, 5, dtype_y))
+    m = xp.asarray(_values(rng, (4, 5), dtype_x))
+    first = _products(x, y, m)
+    eager = {name: np.asarray(host(value)) for name, value in first.items()}
+    dtypes = {name: value.dtype for name, value in first.items()}
+    assert dtypes["dot"] == np.result_type(dtype_x, dtype_y)  # promotes as xp.dot
+    tolerance = 1e-5 if np.float32 in (np.dtype(dtype_x).type, np.dtype(dtype_y).type) or (
+        np.complex64 in (np.dtype(dtype_x).type, np.dtype(dtype_y).type)) else 1e-12
+    slots = {name: xp.zeros(value.shape, dtype=dtypes[name]) for name, value in eager.items()}
+
+    def store():
+        for name, value in _products(x, y, m).items():  # (a GPUScalar's 0-d array: a copy)
+            slots[name][...] = value.array if isinstance(value, gs.GPUScalar) else value
+
+    def check(where):
+        for name, value in eager.items():
+            np.testing.assert_allclose(host(slots[name]), value, rtol=tolerance,
+                                       err_msg=f"{name} in {where}")
+            slots[name][...] = 0
+
+    i = xp.zeros((), dtype=np.int64)
+
+    def body(i):
+        store()
+        i += 1
+
+    with gs.count_syncs() as counter:
+        gs.while_loop(lambda i: i < 1, body, i, max_iter=2)
+    assert counter.count == 0
+    check("a loop body")
+    with gs.count_syncs() as counter:
+        gs.cond(gs.GPUScalar(i) > 0, store, None)
+    assert counter.count == 0
+    check("a branch")
+    step = gs.capture(store, warmup=0)
+    step()
+    check("a captured step")
+
+
+def test_vdot_and_dot_name_vectors_of_different_lengths(xp):
+    with pytest.raises(ValueError):
+        gs.dot(xp.ones(3), xp.ones(4))
+    with pytest.raises(ValueError):
+        gs.vdot(xp.ones(3), xp.ones(4))
+
+
+# ---- CuPy: the recorded paths through the recording seam, and NVRTC ----------------------------
+
+
+def _seam_loop(seam, body_fn, *state):
+    i = seam.array(np.array(0.0))
+    one, two = gs.asscalar(1.0, like=i), gs.asscalar(2.0, like=i)
+    seam.clear()
+
+    def body(i, *state):
+        body_fn(*state)
+        i += one
+
+    gs.while_loop(lambda i, *state: i < two, body, i, *state, max_iter=5)
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize(("dtype_x", "dtype_y", "n"),
+                         [(d, d, 5) for d in BODY_DTYPES]
+                         + [(np.float32, np.float64, 5), (np.float64, np.complex128, 5000)])
+def test_dot_and_vdot_in_a_cupy_loop_body_are_gpuscalars_kernel_not_cublas(dtype_x, dtype_y, n):
+    """Recorded in a loop body, a vector dot is gpuscalar's own kernel (one launch; two with
+    partial sums above BLOCK * PER_THREAD elements), checked against its C signature and
+    compiled by NVRTC; no cuBLAS call, no upload. Outside a recording it stays cupy.dot."""
+    from gpuscalar.cuda import products  # noqa: PLC0415
+    from tests.cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
+    from tests.cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    rng = np.random.default_rng(3)
+    with fake_memory() as memory, recording(memory, compile=True) as seam:
+        seam.records_only = True
+        x = seam.array(_values(rng, 2 * n, dtype_x))[::2]  # strided
+        y = seam.array(_values(rng, n, dtype_y))
+        found = []
+
+        def body(x, y):
+            found.extend((gs.dot(x, y), gs.vdot(x, y)))
+
+        _seam_loop(seam, body, x, y)
+        assert [s.dtype for s in found] == [np.result_type(dtype_x, dtype_y)] * 2
+        raw = [launch for launch in seam.launches if launch.kind == "raw"]
+        dot_name, sum_name = products.dot_kernel_names(np.dtype(dtype_x), np.dtype(dtype_y))
+        names = [launch.name for launch in raw]
+        per_dot = 1 if products.blocks_for(n) == 1 else 2
+        assert names.count(dot_name) == 2 and names.count(sum_name) == 2 * (per_dot - 1)
+        conj = [launch.args[2][5] for launch in raw if launch.name == dot_name]
+        assert conj == [np.int32(0), np.int32(1)] and raw[1].args[2][1] == 2  # x's step
+        assert seam.count("cublas") == 0 and not seam.uploads and not seam.reads
+        seam.clear()
+        gs.dot(x, y)  # eager: CuPy's own cupy.dot
+        assert [launch.name for launch in seam.launches] == ["dot"]
+
+
+@pytest.mark.needs_cupy
+def test_a_matrix_dot_in_a_cupy_loop_body_is_gs_matmul_on_its_own_handle():
+    from tests.cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
+    from tests.cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    with fake_memory() as memory, recording(memory) as seam:
+        seam.records_only = True
+        m, v = seam.array(np.ones((3, 4))), seam.array(np.ones(4, np.float32))
+        _seam_loop(seam, lambda m, v: gs.dot(m, v), m, v)
+        blas = [launch.name for launch in seam.launches if launch.kind == "cublas"]
+        assert blas == ["cublasDgemv_v2"] and not seam.uploads  # float32 v promoted first
+        assert any(launch.name == "astype" for launch in seam.launches)
+
+
+@pytest.mark.parametrize(("dtype_x", "dtype_y"),
+                         list(__import__("itertools").product(BODY_DTYPES, repeat=2)))
+def test_every_dot_kernel_compiles(nvrtc, dtype_x, dtype_y):
+    from gpuscalar.backend import CupyBackend  # noqa: PLC0415
+    from gpuscalar.cuda import products  # noqa: PLC0415
+
+    from . import nvrtc as nv  # noqa: PLC0415
+
+    x, y = np.dtype(dtype_x), np.dtype(dtype_y)
+    ptx = nv.compile_source(nvrtc, products.dot_source(x, y), "dot",
+                            nv.cupy_options(CupyBackend.kernel_options))
+    for name in products.dot_kernel_names(x, y):
+        assert f".entry {name}" in ptx

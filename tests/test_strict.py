@@ -696,3 +696,126 @@ def test_the_method_list_is_cupys():
 
     public = {n for n in dir(cupy.random.Generator) if not n.startswith("_")}
     assert set(strict_random.GENERATOR_METHODS) == public - {"bit_generator"}
+
+
+# ---- what CuPy refuses while a graph is recorded, refused in bodies (issue 23) ------------------
+
+
+def _spd(n=3):
+    m = np.arange(1.0, n * n + 1).reshape(n, n)
+    return xp.asarray(m @ m.T + n * np.eye(n))
+
+
+CUSOLVER_CALLS = {
+    "solve": lambda a: xp.linalg.solve(a, xp.ones(3)),
+    "lstsq": lambda a: xp.linalg.lstsq(a, xp.ones(3)),
+    "inv": lambda a: xp.linalg.inv(a),
+    "pinv": lambda a: xp.linalg.pinv(a),
+    "eigh": lambda a: xp.linalg.eigh(a),
+    "eigvalsh": lambda a: xp.linalg.eigvalsh(a),
+    "cholesky": lambda a: xp.linalg.cholesky(a),
+    "qr": lambda a: xp.linalg.qr(a),
+    "svd": lambda a: xp.linalg.svd(a),
+    "det": lambda a: xp.linalg.det(a),
+    "slogdet": lambda a: xp.linalg.slogdet(a),
+    "matrix_rank": lambda a: xp.linalg.matrix_rank(a),
+    "np.linalg.solve": lambda a: np.linalg.solve(a, xp.ones(3)),  # through __array_function__
+    "norm-2": lambda a: xp.linalg.norm(a, ord=2),
+    "norm-nuc": lambda a: xp.linalg.norm(a, ord="nuc"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUSOLVER_CALLS))
+def test_cusolver_calls_are_refused_in_a_body_as_cupy_refuses_them(name):
+    call, a = CUSOLVER_CALLS[name], _spd()
+    call(a)  # outside a body: computed
+    with sync.graph_body(), pytest.raises(NotImplementedError) as raised:
+        call(a)
+    message = str(raised.value)
+    assert message.startswith(strict.CUSOLVER_CAPTURE_MESSAGE + " (CuPy's linalg.")
+    assert "before the loop" in message and "gs.matmul" in message
+
+
+def test_a_cusolver_call_in_a_loop_body_is_refused_even_when_the_loop_would_not_run():
+    a, x = _spd(), xp.zeros(3)
+
+    def body(x):
+        x[...] = xp.linalg.solve(a, x)
+
+    with pytest.raises(NotImplementedError, match="cuSOLVER"):
+        gs.while_loop(lambda x: gs.GPUScalar(x[0]) < 1.0, body, x, max_iter=1)
+
+
+def test_vector_norms_and_cupys_own_matrix_norms_are_allowed_in_a_body():
+    a = _spd()
+    with sync.graph_body():
+        for ord in (None, 1, np.inf, "fro"):
+            assert float(host(xp.linalg.norm(a, ord=ord))) > 0
+        assert float(host(xp.linalg.norm(a[0], ord=2))) > 0
+        assert float(host(xp.linalg.norm(a, ord=2, axis=1)).sum()) > 0
+
+
+@pytest.mark.parametrize("draw", [lambda: xp.random.rand(3), lambda: xp.random.standard_normal(3),
+                                  lambda: xp.random.permutation(3),
+                                  lambda: RNG.standard_normal(3), lambda: RNG.random(),
+                                  lambda: xp.random.default_rng(0)],
+                         ids=["rand", "standard_normal", "permutation", "Generator.standard_normal",
+                              "Generator.random", "default_rng"])
+def test_random_draws_are_refused_in_a_body_as_curand(draw):
+    draw()  # outside a body: drawn
+    with sync.graph_body(), pytest.raises(NotImplementedError) as raised:
+        draw()
+    assert str(raised.value).startswith(strict.CURAND_CAPTURE_MESSAGE)
+    assert "draw what the loop needs before it" in str(raised.value)
+
+
+RNG = xp.random.default_rng(1)
+
+
+@pytest.mark.parametrize("product", [lambda a: xp.linalg.multi_dot([a, a, a]),
+                                     lambda a: xp.linalg.matrix_power(a, 3),
+                                     lambda a: xp.einsum("ij,jk->ik", a, a)],
+                         ids=["multi_dot", "matrix_power", "einsum"])
+def test_other_cublas_products_are_refused_in_a_body(product):
+    a = _spd()
+    product(a)
+    with sync.graph_body(), pytest.raises(NotImplementedError, match="cuBLAS"):
+        product(a)
+    with sync.graph_body():
+        assert host(xp.linalg.matrix_power(a, 1)).shape == (3, 3)  # no product
+
+
+def test_gpuscalars_products_are_allowed_in_a_body():
+    a, v = _spd(), xp.ones(3)
+    with sync.graph_body():
+        assert float(gs.dot(v, v)) == 3.0 and float(gs.vdot(v, v)) == 3.0
+        assert host(gs.dot(a, v)).shape == (3,) and host(gs.matmul(a, a)).shape == (3, 3)
+        assert float(gs.norm(v)) == pytest.approx(math.sqrt(3.0))
+
+
+def test_boolean_mask_assignment_is_a_sync_as_in_cupy():
+    x = xp.arange(4.0)
+    mask = x > 1
+    with gs.count_syncs(include_cupy=True) as counter:
+        x[mask] = 0.0
+        x[xp.asarray([0, 1])] = 5.0  # an integer index array: no count read back
+    assert counter.count == 1 and host(x).tolist() == [5.0, 5.0, 0.0, 0.0]
+
+    def branch():
+        x[mask] = 1.0  # CuPy reads the mask's count back: a sync, refused in a body
+
+    with pytest.raises(gs.SyncError):
+        gs.cond(xp.asarray(True), branch, None)
+
+
+@pytest.mark.parametrize(("name", "call"), [
+    ("eigh", lambda a: xp.linalg.eigh(a)), ("svd", lambda a: xp.linalg.svd(a)),
+    ("qr", lambda a: xp.linalg.qr(a)), ("slogdet", lambda a: xp.linalg.slogdet(a))])
+def test_namedtuple_results_hold_strict_arrays(name, call):
+    with strict.device(1):
+        a = _spd()
+        result = call(a)
+    assert hasattr(result, "_fields"), name
+    assert all(type(part) is strict.StrictArray and part.device.id == 1 for part in result)
+    if name == "eigh":
+        np.testing.assert_allclose(host(result.eigenvalues), np.linalg.eigvalsh(host(a)))
