@@ -762,9 +762,11 @@ def test_dot_and_vdot_in_a_cupy_loop_body_are_gpuscalars_kernel_not_cublas(dtype
 
         def body(x, y):
             found.extend((gs.dot(x, y), gs.vdot(x, y)))
+            gs.norm(y)  # cupy.linalg.norm: CuPy's own kernels, no library call
 
         _seam_loop(seam, body, x, y)
         assert [s.dtype for s in found] == [np.result_type(dtype_x, dtype_y)] * 2
+        assert [launch.name for launch in seam.launches].count("norm") == 1
         raw = [launch for launch in seam.launches if launch.kind == "raw"]
         dot_name, sum_name = products.dot_kernel_names(np.dtype(dtype_x), np.dtype(dtype_y))
         names = [launch.name for launch in raw]
