@@ -18,7 +18,6 @@ from .helpers import host
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 PAIRS = [(a, x) for a, x in itertools.product(DTYPES, DTYPES)]
-BACKENDS = {"numpy": np, "strict": strict.xp}
 
 
 def _matrix(rng: np.random.Generator, rows: int = 7, cols: int = 5, dtype=np.float64):
@@ -34,11 +33,6 @@ def _vector(rng: np.random.Generator, n: int, dtype) -> np.ndarray:
     if np.dtype(dtype).kind == "c":
         v = v + 1j * rng.standard_normal(n)
     return v.astype(dtype)
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def xp(request):
-    return BACKENDS[request.param]
 
 
 def _tolerance(dtype) -> float:
