@@ -166,6 +166,10 @@ class FakeDeviceArray(cupy.ndarray):
             return NotImplemented
         return _compute(np.matmul, other, self)
 
+    def take(self, indices: Any, axis: Any = None, out: Any = None) -> Any:
+        # cupy.take(a, i) calls a.take(i): CuPy's take kernel, with device indices (no read)
+        return _compute(np.take, self, indices, axis=axis, out=out)
+
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,
             keepdims: bool = False) -> Any:
         return _compute(np.sum, self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)

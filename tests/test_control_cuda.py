@@ -405,3 +405,4 @@ def test_cuda_13_conditional_nodes_name_their_execution_context(monkeypatch):
     for kind in ("while", "if"):
         assert cuda_conditional.add_conditional_node(0x10, 7, kind) == "body graph"
     assert added == ["ctx3", "ctx3"]
+

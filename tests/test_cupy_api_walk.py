@@ -54,6 +54,9 @@ NOT_DEVICE: dict[str, str] = {
     "gs.get_backend": "a lookup by name; imports CuPy at most",
     "gs.strict": "the CuPy-strict CPU device module: never CuPy",
     "gs.optim": "a module: its names are walked below",
+    "gs.linalg": "a module: its names are walked below",
+    "gs.progress": "draws a bar from rows a MetricLog already brought to the host (the log's "
+                   "own device work is covered by tests/test_cupy_metrics.py): no device call",
     "optim.Program": _TYPE,
     "optim.PROGRAMS": _SOURCE,
     "optim.KERNEL_DTYPES": _SOURCE,
@@ -72,6 +75,7 @@ NOT_DEVICE: dict[str, str] = {
 def _public_names() -> list[str]:
     names = [f"gs.{name}" for name in gs.__all__]
     names += [f"optim.{name}" for name in optim.__all__]
+    names += [f"linalg.{name}" for name in gs.linalg.__all__]
     names += [f"ad.{name}" for name in ad.__all__]
     names += [f"cli {name}" for name in cli.SUBCOMMANDS]
     return names

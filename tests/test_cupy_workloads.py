@@ -364,3 +364,26 @@ def test_the_example_runs_end_to_end_on_cupy_objects(cupy_device, monkeypatch, c
     assert run.syncs == 20 and run.uploads == 2 + 2  # X and y; Adam's two tables
     assert losses[0] == "0.6931"  # log(2): zero weights predict 1/2 everywhere
     assert run.uncomputed > 0
+
+
+@covers("linalg.cg", "linalg.cgs", "linalg.bicgstab", "linalg.gmres", "linalg.minres",
+        "linalg.aslinearoperator", "linalg.LinearOperator")
+@pytest.mark.parametrize("solver", ["cg", "cgs", "bicgstab", "gmres", "minres"])
+def test_a_krylov_solve_is_one_recorded_loop_on_cupy_objects(cupy_device, solver):
+    """Each gs.linalg solver on CuPy objects: the set-up, then one graph (the WHILE loop)
+    launched once, with no sync and no host-to-device copy; its body takes gpuscalar's
+    capture-safe products (gs.matmul on the handle made before recording), every launch
+    checked against CuPy. (The recorder does not compute fused kernels, so the values are
+    not checked here: tests/test_linalg.py checks them against SciPy.)"""
+    xp, _, seam = cupy_device
+    n = 8
+    a = np.eye(n) * 4.0 + np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1)
+    A, b = xp.asarray(a), xp.asarray(np.ones(n))
+    assert isinstance(gs.linalg.aslinearoperator(A), gs.linalg.LinearOperator)
+    run = run_on_cupy(cupy_device,
+                      lambda xp: getattr(gs.linalg, solver)(A, b, maxiter=5))
+    x, info = run.result
+    assert run.syncs == 0 and run.uploads == 0 and run.graphs >= 1
+    assert any(launch.kind == "cublas" for graph in seam.graphs for launch in graph.launches
+               ) or any(launch.kind == "cublas" for launch in seam.launches)
+    assert isinstance(info, gs.GPUScalar) and x.shape == (n,)

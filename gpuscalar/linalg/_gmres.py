@@ -77,9 +77,9 @@ def _gmres(A: Any, b: Any, x0: Any = None, *, rtol: float = 1e-5, atol: float = 
     m = max(1, min(int(restart), s.n))
     eps = float(np.finfo(s.dtype).eps)
     xp = s.xp
-    with s.backend.device_context(s.device):
-        rows = xp.arange(m + 1)  # indices of S, the Hessenberg columns and the basis
-        columns = xp.arange(m)  # indices of the rotations
+    with s.backend.device_context(s.device):  # (through the backend: see System._zeros)
+        rows = s.backend.call(xp.arange, m + 1)  # indices of S, the Hessenberg columns, the basis
+        columns = s.backend.call(xp.arange, m)  # indices of the rotations
     x = s.x
     r = s.b - s.matvec(x)
     status = s.started(r)

@@ -212,11 +212,11 @@ class System:
             #: SciPy's tolerance, max(atol, rtol * ||b||), kept on the device
             self.atol = _wrap(backend, maximum(atol_value, rtol_value * self.bnorm).array)
             if x0 is None:
-                self.x = self.xp.zeros(n, dtype=self.dtype)
+                self.x = self.zeros()
             else:
                 # SciPy returns b (zeros) for b == 0 whatever x0 is
                 self.x = self.xp.where((self.bnorm != 0).array, x0.astype(self.dtype).ravel(),
-                                       self.xp.zeros((), dtype=self.dtype))
+                                       self._zeros(()))
 
     # ---- what bodies call ---------------------------------------------------------------------
 
@@ -239,13 +239,20 @@ class System:
         return norm(u)
 
     def zeros(self, *shape: int, dtype: Any = None) -> Any:
-        with self.backend.device_context(self.device):
-            return self.xp.zeros(shape or (self.n,), dtype=self.dtype if dtype is None else dtype)
+        """A new array of zeros of ``shape`` (default ``(n,)``) on the system's device."""
+        return self._zeros(shape or (self.n,), dtype)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        """Zeros through the backend (one device op: the one path by which gpuscalar reaches a
+        device, so the fake-CuPy layer sees it)."""
+        backend = self.backend
+        with backend.device_context(self.device):
+            return backend.call(backend.xp.zeros, shape,
+                                dtype=self.dtype if dtype is None else dtype)
 
     def scalar(self, value: Any, dtype: Any = None) -> Any:
         """A 0-d state array holding ``value`` (a Python number: a fill; a GPUScalar: a copy)."""
-        with self.backend.device_context(self.device):
-            out = self.xp.zeros((), dtype=self.dtype if dtype is None else dtype)
+        out = self._zeros((), dtype)
         set_to(out, value)
         return out
 
