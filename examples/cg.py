@@ -36,7 +36,7 @@ def start(xp: Any, a: Any, b: Any) -> tuple[Any, ...]:
     x = xp.zeros_like(b)
     r = b - gs.matmul(a, x)
     p = r.copy()
-    rr = dot(r, r).array.copy()
+    rr = dot(r, r).array.copy()  # (r.r, a 0-d state array)
     return x, r, p, xp.empty_like(b), rr
 
 
@@ -56,10 +56,7 @@ def iteration(a: Any, x: Any, r: Any, p: Any, ap: Any, rr: Any) -> None:
     rr[...] = rr_new.array
 
 
-def dot(u: Any, v: Any) -> gs.GPUScalar:
-    """``u . v`` through gs.matmul's own cuBLAS handle, which works where a CUDA graph is
-    recorded (``gs.dot`` calls CuPy's cuBLAS path, which refuses a capturing stream)."""
-    return gs.GPUScalar(gs.matmul(u, v))
+dot = gs.dot  # works where a CUDA graph is recorded (a loop body): gpuscalar's own kernel
 
 
 def solve_on_device(a: Any, b: Any, xp: Any) -> tuple[Any, gs.GPUScalar]:
