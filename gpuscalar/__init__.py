@@ -42,7 +42,7 @@ from .math import (
     where,
 )
 from .optim import all_finite, clip_grad_norm
-from .progress import progress
+from .progressbar import progress
 from .promote import Rule
 from .reduce import (
     all,

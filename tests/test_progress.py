@@ -16,7 +16,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import strict
-from gpuscalar.progress import EVERY, REFRESH, Progress, progress
+from gpuscalar.progressbar import EVERY, REFRESH, Progress, progress
 
 
 class FakeLog:

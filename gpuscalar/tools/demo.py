@@ -26,7 +26,7 @@ from typing import Any
 import gpuscalar as gs
 from gpuscalar import strict, sync
 from gpuscalar.backend import Backend, default_backend, describe, get_backend
-from gpuscalar.progress import TextOutput
+from gpuscalar.progressbar import TextOutput
 from gpuscalar.tools.benchmarks import cpu_note
 
 BACKEND_CHOICES = ("numpy", "strict", "cupy")
