@@ -6,7 +6,7 @@ Importing gpuscalar never imports CuPy.
 
 # GPUScalar's operators and array operations first: they register behind its hooks
 from . import arrays, operators  # noqa: F401, I001
-from . import ad, linalg, optim, strict
+from . import ad, distributed, linalg, optim, strict
 from .backend import Backend, default_backend, get_backend, gpu_available
 from .control import cond, while_loop
 from .deferred import MetricLog, read
@@ -104,6 +104,7 @@ __all__ = [
     "count_nonzero",
     "cos",
     "count_syncs",
+    "distributed",
     "default_backend",
     "dot",
     "exp",

@@ -1,0 +1,150 @@
+"""`all_reduce` over an mpi4py communicator: on host data, and over CuPy memory.
+
+Why this module exists: MPI is the engine every cluster (and CI, through mpich's wheel) has. It
+is imported only when the user hands gpuscalar an ``mpi4py`` communicator, so gpuscalar never
+imports mpi4py (nor initializes MPI) itself.
+
+The collective is a blocking ``Allreduce`` run inside ONE counted sync (`gpuscalar.sync.to_host`,
+reason ``"all_reduce"``): the guard is checked before anything is sent, and the read that ends
+the sync brings the reduced values to the host, so the results are known. On the host the
+collective reads and writes one NumPy buffer per dtype; over CuPy memory (CUDA-aware MPI, which
+is not stream-aware) the sync first waits for the current stream, then MPI reads and writes the
+device buffers, and the read copies them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import sync
+from ..backend import CUPY, Backend
+from . import buffer_dtype, result_dtype
+
+__all__ = ["MpiComm", "MPI_OPS"]
+
+#: gpuscalar's op names -> MPI's reduction (a mean is a sum, divided after)
+MPI_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+class MpiComm:
+    """The user's ``mpi4py`` intracommunicator, as `gpuscalar.distributed.all_reduce` uses it
+    (gpuscalar never creates, duplicates or frees it)."""
+
+    __slots__ = ("comm", "size")
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        if comm == MPI.COMM_NULL:
+            raise ValueError("gs.distributed.all_reduce: comm= is MPI.COMM_NULL")
+        self.comm = comm
+        self.size = comm.Get_size()
+
+    def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
+                   op: str) -> tuple[list[Any], list[Any]]:
+        """The reduced ``arrays`` (new arrays of ``backend``, each of its input's shape, in
+        `result_dtype`) and their host values (Python numbers for 0-d ones)."""
+        if not backend.evaluates_on_host and backend is not CUPY:
+            raise TypeError(f"gs.distributed.all_reduce: MPI reduces host data and CuPy "
+                            f"memory, not {backend.name} arrays")
+        groups: dict[np.dtype, list[int]] = {}
+        for index, array in enumerate(arrays):
+            groups.setdefault(buffer_dtype(array.dtype, op), []).append(index)
+        for dtype, indices in groups.items():
+            _check_mpi_type(dtype, arrays[indices[0]].dtype)
+        mpi_op = MPI_OPS[op]
+        comm = self.comm
+        with backend.device_context(device):
+            if backend.evaluates_on_host:
+                data = [backend.host_data(a) for a in arrays]
+                buffers = backend.call(_pack, np, data, groups)  # one device op
+            else:
+                buffers = backend.call(_pack, backend.xp, arrays, groups)
+
+            def collective() -> Any:
+                if not backend.evaluates_on_host:  # MPI is not stream-aware: wait first
+                    CUPY.seam.current_stream().synchronize()
+                for buffer in buffers:  # (mpi4py takes MPI's datatype from the buffer's dtype)
+                    comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
+                if backend.evaluates_on_host:
+                    return backend.from_host_data(_join(np, buffers), arrays[0])
+                return backend.call(_join, backend.xp, buffers)
+
+            host = np.asarray(sync.to_host(backend, collective, "all_reduce"))
+            reduced = _split(host, groups, [a.size for a in arrays])
+            values = [_finish(np, reduced[i], arrays[i], op, self.size)
+                      for i in range(len(arrays))]
+            if backend.evaluates_on_host:
+                results = backend.call(_own, backend, values, arrays)  # one device op
+            else:
+                results = backend.call(_unpack, backend.xp, buffers, groups, arrays, op,
+                                       self.size)
+        host_values = [v.item() if v.ndim == 0 else v for v in values]
+        return results, host_values
+
+
+def _check_mpi_type(dtype: np.dtype, given: np.dtype) -> None:
+    """A TypeError, before anything is sent, for a dtype MPI has no predefined datatype for
+    (float16, where MPI has none)."""
+    if dtype.char not in MPI._typedict:
+        raise TypeError(f"gs.distributed.all_reduce: MPI has no datatype for {given} "
+                        f"values; convert them first (e.g. to float32)")
+
+
+def _pack(xp: Any, arrays: list[Any], groups: dict[np.dtype, list[int]]) -> list[Any]:
+    """One 1-d buffer per dtype group: its arrays raveled, converted, concatenated."""
+    return [xp.concatenate([xp.asarray(arrays[i]).reshape(-1).astype(dtype) for i in indices])
+            for dtype, indices in groups.items()]
+
+
+def _join(xp: Any, buffers: list[Any]) -> Any:
+    """The buffers' bytes in one uint8 vector: what the sync reads, in one transfer."""
+    return xp.concatenate([b.view(xp.uint8) for b in buffers])
+
+
+def _split(host: np.ndarray, groups: dict[np.dtype, list[int]],
+           sizes: list[int]) -> dict[int, np.ndarray]:
+    """Each value's reduced elements (1-d views of the host copy), by its position; ``sizes``:
+    each value's element count."""
+    found: dict[int, np.ndarray] = {}
+    offset = 0
+    for dtype, indices in groups.items():
+        count = sum(sizes[i] for i in indices)
+        flat = host[offset:offset + count * dtype.itemsize].view(dtype)
+        offset += count * dtype.itemsize
+        start = 0
+        for index in indices:
+            found[index] = flat[start:start + sizes[index]]
+            start += sizes[index]
+    return found
+
+
+def _finish(xp: Any, flat: Any, like: Any, op: str, size: int) -> Any:
+    """A value's reduced elements as its result: its shape, `result_dtype`, a mean divided."""
+    dtype = result_dtype(like.dtype, op)
+    value = flat[:like.size].reshape(like.shape).astype(dtype)
+    if op == "mean":
+        scale = value.real.dtype.type(size) if dtype.kind == "c" else dtype.type(size)
+        value = xp.asarray(value / scale, dtype=dtype)
+    return value
+
+
+def _own(backend: Backend, values: list[np.ndarray], arrays: list[Any]) -> list[Any]:
+    """The results as new arrays of the host-evaluating ``backend`` (never views of the
+    buffer the host read)."""
+    return [backend.from_host_data(np.array(v, copy=True), a) for v, a in zip(values, arrays,
+                                                                              strict=True)]
+
+
+def _unpack(xp: Any, buffers: list[Any], groups: dict[np.dtype, list[int]], arrays: list[Any],
+            op: str, size: int) -> list[Any]:
+    """The results on the device, cut from the reduced device buffers."""
+    results: list[Any] = [None] * len(arrays)
+    for buffer, indices in zip(buffers, groups.values(), strict=True):
+        start = 0
+        for index in indices:
+            like = arrays[index]
+            results[index] = _finish(xp, buffer[start:start + like.size], like, op, size)
+            start += like.size
+    return results
