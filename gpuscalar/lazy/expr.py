@@ -508,6 +508,29 @@ class BoundedCache:
     def values(self) -> list[Any]:
         return list(self._data.values())
 
+    def keys(self) -> list[Any]:
+        return list(self._data)
+
+    def __getitem__(self, key: Any) -> Any:
+        """The value for ``key`` (now the most recently used); KeyError if not cached."""
+        value = self.hit(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            self.trim()
+
+    def update(self, items: Any) -> None:
+        """Store every (key, value) of a mapping (least recently used dropped past the bound):
+        with `keys`, `__getitem__` and `clear`, what `CupyBackend.seam_cache` needs to empty a
+        cache of device objects under a test seam and restore it after."""
+        for key in list(items.keys()):
+            self[key] = items[key]
+
     def __len__(self) -> int:
         return len(self._data)
 

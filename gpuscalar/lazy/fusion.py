@@ -54,6 +54,87 @@ _PLANS = BoundedCache()
 _PINNED = BoundedCache()
 
 
+# ---- bounded structure variety (issue 22) ----------------------------------------------------
+#
+# A kernel is keyed by the whole expression tree, and CuPy keeps every module it ever loaded. So
+# a program whose pending expressions take new shapes with the data (a running total
+# ``total = total + (a if cond else b)``: 2^k shapes of k steps) would compile a new kernel at
+# every evaluation, without bound (4,639 NVRTC compiles and +473 MB over 10^5 steps). The bound
+# is on the structures *evaluated whole*, per family: a family is the root's op (with its
+# dtypes) and the tree's size, and its first `CHURN_KEYS` structures larger than `SPLIT_NODES`
+# nodes are evaluated whole, as always (one op each; compiled once on CuPy). A family that keeps
+# making new structures past that is *churning*: a further new structure of it is evaluated in
+# pieces of at most `PIECE_NODES` nodes, cut bottom-up (the largest pending child first), each
+# piece one op and the rest of the tree one more, so the kernels a churning program compiles are
+# the few piece shapes, a bounded set whatever the data. A piece's value is stored in a 0-d
+# array of its op's dtype, exactly the value the whole kernel computes for that subtree (every
+# op's value is an opaque barrier there, no contraction spans two ops): the results are
+# bit-identical. A structure of a churning family met `PROMOTE_AFTER` times is a repeating one
+# after all and is evaluated whole from then on. Structures of `SPLIT_NODES` nodes or fewer, and
+# every structure of a family that does not churn, cost what they always cost: a program that
+# repeats its shapes never meets this rule (no device op is added).
+
+#: Trees of more op nodes than this are watched for churn (smaller ones are always whole).
+SPLIT_NODES = 16
+#: How many distinct structures a family evaluates whole before it counts as churning.
+CHURN_KEYS = 8
+#: The size bound of each piece a churning family's new structure is evaluated in.
+PIECE_NODES = 8
+#: How many times a structure of a churning family is met before it is evaluated whole.
+PROMOTE_AFTER = 8
+#: Families of trees larger than this (built by hand) are left whole (the cut recurses).
+_SPLIT_LIMIT = 4 * expr.MAX_NODES
+#: (op, size) -> {structure key: times met}: the structures of each family evaluated whole
+#: (value 0) and, once the family churns, the split ones met so far (bounded per family).
+_FAMILIES = BoundedCache()
+
+
+def splits(root: expr.Node, count: bool = True) -> bool:
+    """Whether ``root`` is evaluated in pieces (a new structure of a churning family, see
+    above), noting the meeting (unless ``count`` is False: a consumer that asks first and then
+    materializes asks twice)."""
+    size = root[expr.SIZE]
+    if size <= SPLIT_NODES or size > _SPLIT_LIMIT:
+        return False
+    keys = _FAMILIES.get((root[expr.OP], size), dict)
+    key = root[KEY]
+    met = keys.get(key)
+    if met == 0:
+        return False  # evaluated whole (the common case: one dict lookup more)
+    whole = sum(1 for value in keys.values() if value == 0)
+    if met is None and whole < CHURN_KEYS:
+        keys[key] = 0  # the family does not churn (yet): whole, as always
+        return False
+    if not count:
+        return True
+    met = (met or 0) + 1
+    if met >= PROMOTE_AFTER and whole < 2 * CHURN_KEYS:
+        keys[key] = 0  # a repeating structure after all: whole from now on
+        return False
+    if len(keys) < 16 * CHURN_KEYS or key in keys:
+        keys[key] = met
+    return True
+
+
+def _in_pieces(executor: Executor, root: expr.Node, device: object) -> Any:
+    """The value of ``root`` (a 0-d array) computed in pieces of at most `PIECE_NODES` nodes,
+    each one op of ``executor``, bottom-up."""
+    top = _cut(executor, root, device)
+    return executor.materialize_whole(top, device)
+
+
+def _cut(executor: Executor, node: expr.Node, device: object) -> expr.Node:
+    """``node`` with its subtrees materialized (largest first, bottom-up) until it holds at most
+    `PIECE_NODES` op nodes: an equivalent node of a bounded set of shapes."""
+    children = [_cut(executor, child, device) if type(child) is expr.Node else child
+                for child in node[expr.CHILDREN]]
+    while 1 + sum(c[expr.SIZE] for c in children if type(c) is expr.Node) > PIECE_NODES:
+        largest = max((i for i, c in enumerate(children) if type(c) is expr.Node),
+                      key=lambda i: children[i][expr.SIZE])
+        children[largest] = executor.materialize_whole(children[largest], device)
+    return expr.make_node(node[expr.OP], tuple(children))
+
+
 def kernel_count() -> int:
     """How many distinct fused kernels are cached now (for tests and benchmarks)."""
     return sum(1 for kernel in _KERNELS.values() if kernel is not None)
@@ -89,6 +170,10 @@ class Executor:
         """The 0-d array holding the value of ``root``: one counted device op."""
         return _replay_eagerly(self.backend, root)
 
+    def materialize_whole(self, root: expr.Node, device: object) -> Any:
+        """`materialize` without the churn rule (`splits`): the whole tree in one op."""
+        return self.materialize(root, device)
+
     def read(self, root: expr.Node, device: object,
              extras: tuple[int, ...]) -> tuple[Any, Any]:
         """For a host read of ``root``: (its value in a new 0-d array, one device op, and a
@@ -123,6 +208,11 @@ class HostExecutor(Executor):
     __slots__ = ()
 
     def materialize(self, root: expr.Node, device: object) -> Any:
+        if root[expr.SIZE] > SPLIT_NODES and splits(root):
+            return _in_pieces(self, root, device)
+        return self.backend.call(_materialize_on_host, self.backend, root)
+
+    def materialize_whole(self, root: expr.Node, device: object) -> Any:
         return self.backend.call(_materialize_on_host, self.backend, root)
 
     def read(self, root: expr.Node, device: object,
@@ -131,6 +221,8 @@ class HostExecutor(Executor):
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+        if _any_splits(pending):
+            return _fold_in_pieces(self, name, operands, kwargs, pending, keep)
         backend = self.backend
         return backend.call(_fused_on_host, backend, name, operands, kwargs, pending, keep)
 
@@ -143,6 +235,11 @@ class CupyExecutor(Executor):
     defers_to_reflected = True
 
     def materialize(self, root: expr.Node, device: object) -> Any:
+        if root[expr.SIZE] > SPLIT_NODES and splits(root):
+            return _in_pieces(self, root, device)
+        return self.materialize_whole(root, device)
+
+    def materialize_whole(self, root: expr.Node, device: object) -> Any:
         backend = self.backend
         kernel = _cached_kernel(("materialize", root.key), codegen.materialize_spec, root)
         if kernel is None:
@@ -168,6 +265,8 @@ class CupyExecutor(Executor):
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
         if not kwargs or cupy_fuses_keywords(kwargs):  # (no keywords: the common fold)
             found = _fused_on_cupy(self.backend, name, operands, kwargs, pending, keep)
+            if found is _SPLITS:  # a new structure of a churning family (`splits`)
+                return _fold_in_pieces(self, name, operands, kwargs, pending, keep)
             if found is not NotImplemented:
                 return found
         return self.unfused_ufunc(name, operands, kwargs, pending, keep)
@@ -245,7 +344,11 @@ def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
 
 def _cached_kernel(key: tuple, make_spec: Callable[..., codegen.KernelSpec], *args: Any) -> Any:
     """The ElementwiseKernel for ``key`` (built once from ``make_spec(*args)``), or None when
-    CuPy cannot fuse it."""
+    CuPy cannot fuse it, or (not cached) for the read of a structure evaluated in pieces
+    (`splits`): the read then materializes it, in pieces, and reads the 0-d array."""
+    if key[0] == "read" and make_spec is codegen.read_spec and args[0][expr.SIZE] > SPLIT_NODES \
+            and key not in _KERNELS and splits(args[0], count=False):
+        return None
     return _KERNELS.get(key, _build_kernel, make_spec, args)
 
 
@@ -284,6 +387,35 @@ def fused_ufunc(backend: Backend, name: str, operands: list[Any], kwargs: dict[s
         keep = frozenset()
     executor = _EXECUTORS.get(backend) or executor_for(backend)
     return executor.fused_ufunc(name, operands, kwargs, pending, keep)
+
+
+#: What `_fused_on_cupy` answers for a fold whose pending scalar is evaluated in pieces.
+_SPLITS = object()
+
+
+def _any_splits(pending: dict[int, expr.Node]) -> bool:
+    """Whether a pending operand of a fold is evaluated in pieces (`splits`; not counted)."""
+    return any(root[expr.SIZE] > SPLIT_NODES and splits(root, count=False)
+               for root in pending.values())
+
+
+def _fold_in_pieces(executor: Executor, name: str, operands: list[Any], kwargs: dict[str, Any],
+                    pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
+    """`fused_ufunc` where a pending operand is a new structure of a churning family (`splits`):
+    that scalar is materialized first (in pieces) and the fold runs on the rest."""
+    operands, pending = list(operands), dict(pending)
+    kept = {}
+    for position, root in list(pending.items()):
+        if root[expr.SIZE] > SPLIT_NODES and splits(root):
+            leaf = _first_array(expr.leaves_of(root))
+            operands[position] = executor.materialize(root, executor.backend.device_of(leaf))
+            del pending[position]
+            if position in keep:
+                kept[position] = operands[position]
+    if not pending and not isinstance(executor, HostExecutor):  # CuPy: the eager call
+        return executor.unfused_ufunc(name, operands, kwargs, {}, frozenset())[0], kept
+    result, more = executor.fused_ufunc(name, operands, kwargs, pending, keep - set(kept))
+    return result, {**kept, **more}
 
 
 #: The keyword arguments `_fused_on_cupy` implements (with ``casting="unsafe"`` only).
@@ -431,6 +563,8 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     plan_key = tuple(key)
     plan = _PLANS.hit(plan_key, _NO_PLAN)
     if plan is _NO_PLAN:
+        if _any_splits(pending):  # (only on a miss: a repeating fold never looks)
+            return _SPLITS
         plan = _PLANS.get(plan_key, _make_plan, backend, name, operands, kwargs, pending, keep,
                           outs, args)
     if plan is None:

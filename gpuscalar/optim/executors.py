@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..backend import Backend
+from ..backend import CUPY, Backend
 from ..lazy import codegen, expr
 from ..scalar import GPUScalar, _array_of, _node_of
 from .kernels import (
@@ -234,14 +234,15 @@ class CudaExecutor(Executor):
     def run(self, program: Program, routed: list[Routed], arrays: Mapping[str, Any],
             skip: Routed | None) -> None:
         first = arrays[program.arrays[0]]
-        source, name = _kernel_source(
-            program, KERNEL_DTYPE_NAMES[first.dtype], tuple(kind for kind, _ in routed),
-            None if skip is None else skip[0], False,
-        )
+        key = (program, KERNEL_DTYPE_NAMES[first.dtype], tuple(kind for kind, _ in routed),
+               None if skip is None else skip[0], False)
+        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
         args: list[Any] = [np.int64(first.size)]
         args += [arrays[name_] for name_ in program.arrays]
-        self.backend.launch_kernel(source, name, first.size,
-                                   _scalar_arguments(args, routed, skip, first.dtype.type))
+        size, block = first.size, STEP_BLOCK
+        grid = max(1, min((size + block - 1) // block, 65535))  # as `Backend.launch_kernel`
+        self.backend.call(kernel, (grid,), (block,),
+                          tuple(_scalar_arguments(args, routed, skip, first.dtype.type)))
 
     def new_grad_table(self, n: int) -> Any:
         backend = self.backend
@@ -269,13 +270,11 @@ class CudaExecutor(Executor):
 
     def launch(self, group: Group, program: Program, scalars: list[Routed],
                skip: Routed | None) -> None:
-        source, name = _kernel_source(
-            program, KERNEL_DTYPE_NAMES[group.dtype], tuple(kind for kind, _ in scalars),
-            None if skip is None else skip[0], True,
-        )
+        key = (program, KERNEL_DTYPE_NAMES[group.dtype], tuple(kind for kind, _ in scalars),
+               None if skip is None else skip[0], True)
+        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
         args = _scalar_arguments(list(group.prefix), scalars, skip, group.dtype.type)
-        self.backend.launch_kernel(source, name, 0, args, grid=group.n_blocks,
-                                   block=MULTI_TENSOR_BLOCK)
+        self.backend.call(kernel, (group.n_blocks,), (MULTI_TENSOR_BLOCK,), tuple(args))
 
     def write_grads(self, opt: Optimizer, items: list[Any]) -> None:
         """One launch per `ADDRESS_CHUNK` entries of the gradient table, each carrying its
@@ -292,9 +291,10 @@ class CudaExecutor(Executor):
             backend.launch_kernel(source, name, hi - lo, args, grid=1, block=ADDRESS_BLOCK)
 
     def increment(self, count: Any, skip: Routed | None) -> None:
-        source, name = _counter_source(None if skip is None else skip[0])
+        key = ("count", None if skip is None else skip[0])
+        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
         args = [count] + ([] if skip is None else list(skip[1]))
-        self.backend.launch_kernel(source, name, 1, args, grid=1, block=1)
+        self.backend.call(kernel, (1,), (1,), tuple(args))
 
 
 def _scalar_arguments(args: list[Any], scalars: list[Routed], skip: Routed | None,
@@ -319,7 +319,36 @@ def executor_for(backend: Backend) -> Executor:
     return found
 
 
-_CUPY_FUSES: dict[Any, bool] = {}
+#: THE cache of compiled optimizer kernels, one `expr.BoundedCache` (bounded with fusion's caches
+#: by ``gpuscalar.lazy.set_cache_size``): (program, dtype name, scalar kinds, skip kind,
+#: multi-tensor layout) -> the update kernel, ("count", skip kind) -> the step-counter kernel.
+#: A step looks its kernel up once (`BoundedCache.hit`); a miss generates the source
+#: (`kernels._kernel_source`, not cached itself) and compiles it through the seam. An evicted
+#: kernel is compiled again from the same text (CuPy's on-disk cache answers). Registered with
+#: the backend's seam caches: a kernel compiled through one seam is never launched through
+#: another (`CupyBackend.seam_replaced` empties it under a test seam and restores it after).
+_STEP_KERNELS = expr.BoundedCache()
+CUPY.seam_cache(_STEP_KERNELS)  # type: ignore[arg-type]  # (dict-like: keys, [], update, clear)
+#: Block size of the single-tensor (grid-stride) step kernels, `Backend.launch_kernel`'s.
+STEP_BLOCK = 256
+
+
+def _compile(backend: Any, key: tuple) -> Any:
+    """The compiled kernel for a `_STEP_KERNELS` key (through the backend's current seam)."""
+    if key[0] == "count":
+        source, name = _counter_source(key[1])
+    else:
+        source, name = _kernel_source(*key)
+    return backend.seam.compile_kernel(source, name, backend.kernel_options)
+
+
+def step_kernel_count() -> int:
+    """How many optimizer kernels are cached now (at most ``gpuscalar.lazy.cache_size()``)."""
+    return len(_STEP_KERNELS)
+
+
+#: plan key -> whether CuPy can compute that structure in a step's prelude (bounded alike).
+_CUPY_FUSES: Any = expr.BoundedCache()
 
 
 def _cupy_fuses(plan: expr.Plan) -> bool:

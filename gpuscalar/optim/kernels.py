@@ -1,9 +1,10 @@
 """CUDA source generation for the optimizer kernels: update kernels, step counter, address tables.
 
 Why this module exists: a `Program`'s rules become a CUDA kernel here, and only here, one per
-(program, dtype, scalar kinds, skip kind, layout), cached. The kernel text is part of the
-contract (the NVRTC tests compile every variant; bench and the launch emulator run it), so the
-generator is kept free of anything a step decides at run time: it maps kinds to code.
+(program, dtype, scalar kinds, skip kind, layout); the compiled kernels are cached by that
+variant in ONE bounded cache (`gpuscalar.optim.executors`), not the texts. The kernel text is
+part of the contract (the NVRTC tests compile every variant; bench and the launch emulator run
+it), so the generator is kept free of anything a step decides at run time: it maps kinds to code.
 
 Kernels come in two layouts. The functional steps (`adam_step`, `sgd_step`, ...) update one
 tensor with a grid-stride loop. The optimizer classes update the arrays the user passed, in
@@ -172,8 +173,7 @@ def kernel_source(
     return _kernel_source(program, dtype, kinds, skip_kind, multi_tensor)
 
 
-@cache
-def _kernel_source(
+def _kernel_source(  # not cached: the compiled kernel is (`executors._STEP_KERNELS`, bounded)
     program: Program,
     dtype: str,
     kinds: tuple[ScalarKind, ...],
@@ -273,7 +273,6 @@ def counter_source(skip: Any = None) -> tuple[str, str]:
     return _counter_source(("pointer", "bool") if skip is True else _normalized_kind(skip))
 
 
-@cache
 def _counter_source(skip: ScalarKind | None) -> tuple[str, str]:
     name = "gpuscalar_count_step"
     params = ["long long* __restrict__ count"]
