@@ -23,6 +23,8 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import strict
 
+from .cupy_fake import cupy_or_fail, refuse_on_a_gpu
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "distributed_cases"
 #: seconds one mpiexec run may take (each takes well under 5 s on 2 cores)
@@ -59,6 +61,18 @@ def test_the_contract_under_mpiexec(ranks, backend):
     """Each op, dtype and structure equals one process's reduction of every rank's values;
     one sync per call, results known after it; the errors (tests/distributed_cases)."""
     out = run_ranks(ranks, CASES / "contract.py", backend)
+    assert sorted(re.findall(r"ok (\d+)", out)) == [str(r) for r in range(ranks)], out
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_over_cupy_memory_through_the_fake_device(ranks):
+    """CuPy arrays over fake device memory, the recording seam, real MPI on their pointers:
+    per call one stream wait before the collective, one read, one sync, no upload, the
+    results equal one process's reduction (tests/distributed_cases/cupy_fake.py)."""
+    cupy_or_fail()
+    refuse_on_a_gpu()
+    out = run_ranks(ranks, CASES / "cupy_fake.py")
     assert sorted(re.findall(r"ok (\d+)", out)) == [str(r) for r in range(ranks)], out
 
 

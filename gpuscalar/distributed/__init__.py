@@ -18,8 +18,9 @@ collective meets the sync accounting:
   the results are *known* afterwards: reading any of them (``float(loss)``, ``gs.read``) costs
   nothing more.
 - MPI over CuPy memory (CUDA-aware MPI): MPI is not stream-aware, so the same counted sync
-  first waits for the current stream, then the collective runs on the device buffers; the
-  results are read back in that sync (known afterwards). Not exercised in CI (no GPU there).
+  first waits for the current stream, then the collective runs on the device buffers (handed
+  to MPI as pointers); the results are read back in that sync (known afterwards). Tested in CI
+  through the fake device (tests/cupy_fake.py, the recording seam), never yet on a GPU.
 
 A collective inside a `gs.while_loop`/`gs.cond` body or a `gs.capture` step is refused (NCCL
 cannot run inside CUDA conditional graph nodes; an MPI call is a host call no recording keeps);
@@ -47,11 +48,11 @@ _KINDS = "biufc"
 
 #: Why a collective is refused in a body (the error names NCCL's limit and the way out).
 BODY_MESSAGE = (
-    "gs.distributed.all_reduce was called inside a {where}: a collective cannot be recorded "
-    "there (NCCL collectives are not supported inside CUDA conditional graph nodes, "
-    "NVIDIA/nccl#1986, and an MPI call is a host call that a recorded body cannot hold); run "
-    "k iterations in a captured block, then one all_reduce and one check per block (the "
-    "chunked form, docs/distributed.md)"
+    "gs.distributed.all_reduce was called inside a gs.while_loop/gs.cond body or a gs.capture "
+    "step: a collective cannot be recorded there (NCCL collectives are not supported inside "
+    "CUDA conditional graph nodes, NVIDIA/nccl#1986; an MPI collective is a host call, which "
+    "neither a conditional node nor a captured graph can hold); run k iterations in a captured "
+    "block, then one all_reduce and one check per block (the chunked form, docs/distributed.md)"
 )
 
 
@@ -71,7 +72,8 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     a new array of the input's backend, shape and dtype for each array, in a list, a tuple or
     alone as given. Values of one dtype go in one packed collective (one per dtype in a mixed
     list). Accounting: one counted device op packs the values, one counted sync (reason
-    ``"all_reduce"``) runs the collective and reads its results, one device op unpacks them.
+    ``"all_reduce"``) runs the collective and reads its results (on CuPy: a stream wait first,
+    and one more device op joining the buffers for that read), one device op unpacks them.
     """
     if not isinstance(op, str):
         raise TypeError(f"gs.distributed.all_reduce: op= is {sync.describe(op)}; expected one of "
@@ -80,10 +82,8 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
         raise ValueError(f"gs.distributed.all_reduce: unknown op {op!r}; expected one of "
                          f"{', '.join(repr(o) for o in OPS)}")
     communicator = wrap_comm(comm)
-    if ledger.in_loop_body():
-        raise RuntimeError(BODY_MESSAGE.format(where="gs.while_loop/gs.cond body"))
-    if ledger.in_graph_body():
-        raise RuntimeError(BODY_MESSAGE.format(where="captured step (gs.capture)"))
+    if ledger.in_loop_body() or ledger.in_graph_body():  # (a capture's steps mark both)
+        raise RuntimeError(BODY_MESSAGE)
     structure, items = _flatten(values)
     if not items:
         return [] if structure is list else ()

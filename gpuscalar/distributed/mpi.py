@@ -65,8 +65,8 @@ class MpiComm:
             def collective() -> Any:
                 if not backend.evaluates_on_host:  # MPI is not stream-aware: wait first
                     CUPY.seam.current_stream().synchronize()
-                for buffer in buffers:  # (mpi4py takes MPI's datatype from the buffer's dtype)
-                    comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
+                for buffer in buffers:
+                    comm.Allreduce(MPI.IN_PLACE, _message(backend, buffer), op=mpi_op)
                 if backend.evaluates_on_host:
                     return backend.from_host_data(_join(np, buffers), arrays[0])
                 return backend.call(_join, backend.xp, buffers)
@@ -84,6 +84,17 @@ class MpiComm:
         return results, host_values
 
 
+def _message(backend: Backend, buffer: Any) -> Any:
+    """What MPI is handed: a NumPy buffer as it is (mpi4py takes MPI's datatype from its
+    dtype); device memory as its address, size and MPI datatype, the way a CUDA-aware MPI
+    takes a device pointer (MPI finds the memory's kind itself; mpi4py is never asked to
+    import the array through DLPack, which would query the device)."""
+    if backend.evaluates_on_host:
+        return buffer
+    address = backend.data_address(buffer)
+    return [MPI.buffer.fromaddress(address, buffer.nbytes), MPI._typedict[buffer.dtype.char]]
+
+
 def _check_mpi_type(dtype: np.dtype, given: np.dtype) -> None:
     """A TypeError, before anything is sent, for a dtype MPI has no predefined datatype for
     (float16, where MPI has none)."""
@@ -94,7 +105,7 @@ def _check_mpi_type(dtype: np.dtype, given: np.dtype) -> None:
 
 def _pack(xp: Any, arrays: list[Any], groups: dict[np.dtype, list[int]]) -> list[Any]:
     """One 1-d buffer per dtype group: its arrays raveled, converted, concatenated."""
-    return [xp.concatenate([xp.asarray(arrays[i]).reshape(-1).astype(dtype) for i in indices])
+    return [xp.concatenate([xp.asarray(arrays[i].reshape(-1), dtype=dtype) for i in indices])
             for dtype, indices in groups.items()]
 
 
@@ -123,18 +134,17 @@ def _split(host: np.ndarray, groups: dict[np.dtype, list[int]],
 def _finish(xp: Any, flat: Any, like: Any, op: str, size: int) -> Any:
     """A value's reduced elements as its result: its shape, `result_dtype`, a mean divided."""
     dtype = result_dtype(like.dtype, op)
-    value = flat[:like.size].reshape(like.shape).astype(dtype)
+    value = xp.array(flat[:like.size].reshape(like.shape), dtype=dtype)  # a copy: its own
     if op == "mean":
-        scale = value.real.dtype.type(size) if dtype.kind == "c" else dtype.type(size)
-        value = xp.asarray(value / scale, dtype=dtype)
+        scale = np.dtype(dtype.char.lower()).type(size) if dtype.kind == "c" else dtype.type(size)
+        value = xp.divide(value, scale)
     return value
 
 
 def _own(backend: Backend, values: list[np.ndarray], arrays: list[Any]) -> list[Any]:
-    """The results as new arrays of the host-evaluating ``backend`` (never views of the
-    buffer the host read)."""
-    return [backend.from_host_data(np.array(v, copy=True), a) for v, a in zip(values, arrays,
-                                                                              strict=True)]
+    """The results (each a copy of its own, never a view of the buffer the host read) as
+    arrays of the host-evaluating ``backend``."""
+    return [backend.from_host_data(v, a) for v, a in zip(values, arrays, strict=True)]
 
 
 def _unpack(xp: Any, buffers: list[Any], groups: dict[np.dtype, list[int]], arrays: list[Any],

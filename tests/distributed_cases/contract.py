@@ -173,6 +173,19 @@ def test_errors() -> None:
     expect(RuntimeError, "NCCL collectives are not supported inside CUDA conditional",
            in_loop)
 
+    def in_branch() -> None:
+        def branch(x) -> None:
+            x[...] = all_reduce(x, comm=COMM)
+
+        gs.cond(s > 0, branch, None, XP.zeros(()))
+
+    expect(RuntimeError, "gs.while_loop/gs.cond body or a gs.capture step", in_branch)
+
+    def in_capture() -> None:
+        gs.capture(lambda x: all_reduce(x, comm=COMM), XP.zeros(()), warmup=1)
+
+    expect(RuntimeError, "an MPI collective is a host call", in_capture)
+
 
 if __name__ == "__main__":
     for name, test in list(globals().items()):
