@@ -55,8 +55,9 @@ NOT_DEVICE: dict[str, str] = {
     "gs.strict": "the CuPy-strict CPU device module: never CuPy",
     "gs.optim": "a module: its names are walked below",
     "gs.linalg": "a module: its names are walked below",
-    "gs.distributed": "a module: all_reduce's MPI path is tested under mpiexec on NumPy and the "
-                      "strict device (tests/test_distributed.py); its CuPy path is untested",
+    "gs.distributed": "a module: all_reduce runs under mpiexec on NumPy, strict and CuPy over "
+                      "fake device memory, and on NCCL through a recording communicator double "
+                      "on the recording seam (tests/test_distributed.py)",
     "gs.progress": "draws a bar from rows a MetricLog already brought to the host (the log's "
                    "own device work is covered by tests/test_cupy_metrics.py): no device call",
     "optim.Program": _TYPE,

@@ -95,14 +95,8 @@ def test_the_data_parallel_example_on_two_ranks(backend):
 
 @pytest.mark.parametrize("comm", [None, object(), 3, "world"])
 def test_anything_but_a_communicator_is_a_type_error_naming_it(comm):
-    with pytest.raises(TypeError, match="comm= is .*mpi4py MPI.Comm"):
+    with pytest.raises(TypeError, match="comm= is .*an mpi4py MPI.Comm, or a NCCL communicator"):
         gs.distributed.all_reduce(gs.asscalar(1.0), comm=comm)
-
-
-def test_a_cupy_nccl_communicator_is_recognised_and_not_yet_supported():
-    nccl_like = type("NcclCommunicator", (), {"__module__": "cupy.cuda.nccl"})()
-    with pytest.raises(NotImplementedError, match="cupy.cuda.nccl.NcclCommunicator"):
-        gs.distributed.all_reduce(gs.asscalar(1.0), comm=nccl_like)
 
 
 def test_bad_ops_are_named_before_the_communicator_is_looked_at():
@@ -121,3 +115,128 @@ def test_result_dtypes_follow_numpy():
     assert result_dtype(b, "max") == b and buffer_dtype(b, "max") == np.uint8
     assert buffer_dtype(i32, "mean") == np.int64
     assert strict.xp is not None
+
+
+# ---- NCCL through the fake device: a recording communicator double --------------------------
+
+
+class RecordingNccl:
+    """Stands for ``cupy.cuda.nccl.NcclCommunicator`` of one rank among ``ranks``, whose other
+    ranks hold the same values: records each ``allReduce`` and answers it on the fake device
+    memory (sum: x * ranks, prod: x ** ranks, max/min: x). Reads nothing through the host."""
+
+    def __init__(self, memory, ranks: int = 2, device: int = 0) -> None:
+        self.memory, self.ranks, self.device = memory, ranks, device
+        self.calls: list[tuple] = []
+
+    def size(self) -> int:
+        return self.ranks
+
+    def device_id(self) -> int:
+        return self.device
+
+    def rank_id(self) -> int:
+        return 0
+
+    def allReduce(self, send, recv, count, datatype, op, stream) -> None:  # noqa: N802 - NCCL's
+        from gpuscalar.distributed.nccl import NCCL_TYPES
+
+        self.calls.append((send, recv, count, datatype, op, stream))
+        dtype = {number: dtype for dtype, number in NCCL_TYPES.items()}[datatype]
+        region = self.memory.region(send, count * dtype.itemsize)
+        assert region is not None, "allReduce on memory the fake device never handed out"
+        values = region.view(dtype)
+        values[...] = {0: values * self.ranks, 1: values ** self.ranks}.get(op, values)
+
+
+def _nccl_setup():
+    cupy_or_fail()
+    refuse_on_a_gpu()
+    from .cupy_fake import FakeMemory
+    from .cupy_seam import recording
+
+    memory = FakeMemory()
+    return memory, recording(memory)
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize(("dtype", "op"), [
+    (dtype, op) for dtype in ("float32", "float64", "int32", "complex128")
+    for op in ("sum", "mean", "prod", "max")
+    if not (dtype.startswith("complex") and op in ("prod", "max"))])  # (refused: see below)
+def test_nccl_is_stream_ordered_packed_and_never_reads_the_host(dtype, op):
+    from gpuscalar.backend import CUPY
+    from gpuscalar.distributed.nccl import NCCL_OPS, NCCL_TYPES
+
+    from .cupy_fake import host_view
+
+    memory, seam_context = _nccl_setup()
+    with seam_context as seam:
+        x = np.asarray(3, dtype=dtype) + (1j if dtype.startswith("complex") else 0)
+        grad_values = (np.arange(6) % 4 + 1).astype(dtype).reshape(2, 3)
+        scalar = gs.GPUScalar(seam.array(x))
+        grad = seam.array(grad_values)
+        comm = RecordingNccl(memory)
+        seam.clear()
+        with gs.count_syncs(include_cupy=True) as counter:
+            loss, g = gs.distributed.all_reduce([scalar, grad], op, comm=comm)
+        assert counter.count == 0 and not seam.reads and not seam.uploads, counter.report()
+        assert counter.device_ops == 3, counter.report()  # pack, the collective, unpack
+        assert seam.stream_waits == 0
+        (send, recv, count, datatype, nccl_op, stream), = comm.calls  # ONE collective
+        assert send == recv and stream == seam.current_stream().ptr
+        real = np.dtype(dtype) if not dtype.startswith("complex") else np.dtype(np.float64)
+        buffer = np.dtype(np.int64) if op == "mean" and dtype == "int32" else real
+        assert datatype == NCCL_TYPES[buffer] and nccl_op == NCCL_OPS[op]
+        assert count == 7 * (2 if dtype.startswith("complex") else 1)
+        assert isinstance(loss, gs.GPUScalar) and loss.backend is CUPY
+        assert type(g) is type(grad) and g.shape == (2, 3)
+        reduce = {"sum": lambda v: v * 2, "mean": lambda v: v * 2 / 2,
+                  "prod": lambda v: v ** 2, "max": lambda v: v}[op]
+        want_dtype = np.float64 if op == "mean" and dtype == "int32" else np.dtype(dtype)
+        assert loss.dtype == want_dtype and g.dtype == want_dtype
+        assert np.array_equal(host_view(g), reduce(grad_values).astype(want_dtype))
+        with gs.count_syncs() as counter:
+            value = loss.item()  # an ordinary read, later: one sync
+        assert counter.count == 1 and value == reduce(x).astype(want_dtype)[()]
+
+
+@pytest.mark.needs_cupy
+def test_nccl_refusals_and_cupyx_backends():
+    memory, seam_context = _nccl_setup()
+    with seam_context as seam:
+        comm = RecordingNccl(memory)
+        z = seam.array(np.ones(2, np.complex64))
+        with pytest.raises(TypeError, match="op='prod' of complex64 values on NCCL"):
+            gs.distributed.all_reduce(z, "prod", comm=comm)
+        with pytest.raises(TypeError, match="NCCL has no datatype for int16"):
+            gs.distributed.all_reduce(seam.array(np.ones(2, np.int16)), comm=comm)
+        with pytest.raises(ValueError, match="the NCCL communicator on device 1"):
+            gs.distributed.all_reduce(seam.array(np.ones(2)), comm=RecordingNccl(memory, 2, 1))
+        with pytest.raises(TypeError, match="reduces CuPy arrays, not numpy ones"):
+            gs.distributed.all_reduce(np.ones(2), comm=comm)
+        assert not comm.calls
+        backend = type("NCCLBackend", (), {})()
+        backend._comm = comm  # cupyx.distributed.NCCLBackend holds its NcclCommunicator so
+        out = gs.distributed.all_reduce(seam.array(np.ones(2)), comm=backend)
+        assert len(comm.calls) == 1 and out.shape == (2,)
+
+
+@pytest.mark.needs_cupy
+def test_a_nccl_collective_may_be_recorded_in_a_captured_step():
+    """Allowed in `gs.capture` (NCCL is capturable), unlike loop and branch bodies: no sync, the
+    collective enqueued on the stream being captured."""
+    memory, seam_context = _nccl_setup()
+    with seam_context as seam:
+        comm = RecordingNccl(memory)
+        g = seam.array(np.ones(3))
+        streams = []
+
+        def step(g):
+            streams.append(seam.current_stream().ptr)
+            gs.distributed.all_reduce(g, "mean", comm=comm)
+
+        with gs.count_syncs(include_cupy=True) as counter:
+            gs.capture(step, g, warmup=1)
+        assert counter.count == 0 and not seam.reads and len(seam.graphs) == 1
+        assert [call[5] for call in comm.calls] == streams and len(streams) == 2

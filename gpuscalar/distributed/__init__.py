@@ -3,9 +3,9 @@
 Why this package exists: once a job runs on several processes, the loss, the gradients and a
 solver's residual are combined across them every step, and the usual
 ``comm.allreduce(float(loss))`` reads each value on the host (a sync per value). gpuscalar runs
-the collective on the engine the user already has (MPI through ``mpi4py`` today; NCCL through
-CuPy is planned, see docs/distributed.md), never on a transport of its own, and never makes the
-communicator itself: ``comm`` is the user's, wrapped here.
+the collective on the engine the user already has (MPI through ``mpi4py``, NCCL through CuPy's
+communicator), never on a transport of its own, and never makes the communicator itself:
+``comm`` is the user's, wrapped here.
 
 `all_reduce` packs every value of one dtype into one buffer, so a list of scalars and arrays of
 one dtype costs ONE collective (a list mixing dtypes, one per dtype: no value is converted to
@@ -22,9 +22,13 @@ collective meets the sync accounting:
   to MPI as pointers); the results are read back in that sync (known afterwards). Tested in CI
   through the fake device (tests/cupy_fake.py, the recording seam), never yet on a GPU.
 
-A collective inside a `gs.while_loop`/`gs.cond` body or a `gs.capture` step is refused (NCCL
-cannot run inside CUDA conditional graph nodes; an MPI call is a host call no recording keeps);
-docs/distributed.md shows the chunked form.
+- NCCL (CuPy's ``NcclCommunicator``, `gpuscalar.distributed.nccl`): the collective is enqueued
+  on the current stream, in place in the packed buffer: no sync at all, and allowed inside a
+  `gs.capture` step; results are read later as any GPUScalar (one counted sync at first read).
+
+A collective inside a `gs.while_loop`/`gs.cond` body is refused (NCCL cannot run inside CUDA
+conditional graph nodes), and so is an MPI one inside a `gs.capture` step (a host call no graph
+keeps); docs/distributed.md shows the chunked form.
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import numpy as np
-
 from .. import ledger, sync
 from ..backend import Backend, backend_of
 from ..known import remember
 from ..scalar import GPUScalar, _wrap
+from .nccl import NcclComm, is_nccl_communicator
+from .packing import buffer_dtype, result_dtype
 
-__all__ = ["all_reduce", "OPS"]
+__all__ = ["all_reduce", "OPS", "buffer_dtype", "result_dtype"]
 
 #: The reductions `all_reduce` knows, by name.
 OPS = ("sum", "mean", "max", "min", "prod")
@@ -64,8 +68,9 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     (``"mean"`` is the sum divided by the number of processes; of integers and bools, a float64
     as ``numpy.mean``; sum and prod keep the values' dtype, as the elementwise ``x0 + x1 +
     ...`` across processes, except of bools: an int64, as ``numpy.sum``; complex values take
-    sum, mean and prod only). ``comm``: the user's own ``mpi4py`` communicator (an
-    ``MPI.Comm``); anything else is a TypeError naming it. Every process must call it with the
+    sum, mean and prod only; on NCCL sum and mean). ``comm``: the user's own ``mpi4py``
+    communicator (an ``MPI.Intracomm``) or NCCL communicator (`wrap_comm`); anything else is a
+    TypeError naming it. Every process must call it with the
     same structure, dtypes and shapes, as for any collective.
 
     Returns a GPUScalar for each GPUScalar (known on the host: reading it costs nothing more),
@@ -73,7 +78,9 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     alone as given. Values of one dtype go in one packed collective (one per dtype in a mixed
     list). Accounting: one counted device op packs the values, one counted sync (reason
     ``"all_reduce"``) runs the collective and reads its results (on CuPy: a stream wait first,
-    and one more device op joining the buffers for that read), one device op unpacks them.
+    and one more device op joining the buffers for that read), one device op unpacks them. On
+    NCCL (``comm`` a NCCL communicator, CuPy values): no sync; one device op packs, one per
+    dtype is the collective on the current stream, one unpacks; results not read yet.
     """
     if not isinstance(op, str):
         raise TypeError(f"gs.distributed.all_reduce: op= is {sync.describe(op)}; expected one of "
@@ -82,7 +89,8 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
         raise ValueError(f"gs.distributed.all_reduce: unknown op {op!r}; expected one of "
                          f"{', '.join(repr(o) for o in OPS)}")
     communicator = wrap_comm(comm)
-    if ledger.in_loop_body() or ledger.in_graph_body():  # (a capture's steps mark both)
+    if (ledger.in_loop_body() or ledger.in_graph_body()) and not (
+            isinstance(communicator, NcclComm) and _in_capture_step()):
         raise RuntimeError(BODY_MESSAGE)
     structure, items = _flatten(values)
     if not items:
@@ -101,8 +109,9 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     reduced, host = communicator.all_reduce(backend, device, arrays, op)
     results: list[Any] = []
     for item, array, value in zip(items, reduced, host, strict=True):
-        if isinstance(item, GPUScalar):  # a new array nothing writes: its value is known
-            remember(array, value)
+        if isinstance(item, GPUScalar):
+            if value is not None:  # read in the collective's sync: a new array, never written
+                remember(array, value)
             results.append(_wrap(backend, array))
         else:
             results.append(array)
@@ -115,9 +124,11 @@ def wrap_comm(comm: Any) -> Any:
     """The wrapper gpuscalar reduces through, for the user's own communicator ``comm``.
 
     An ``mpi4py`` ``MPI.Comm`` (intracommunicator) gives a `gpuscalar.distributed.mpi.MpiComm`.
-    A CuPy NCCL communicator is recognised and refused for now (NotImplementedError: the NCCL
-    path is not written yet); anything else is a TypeError naming it. Never imports mpi4py or
-    CuPy: a user who holds such a communicator has imported them."""
+    A NCCL communicator (CuPy's ``cupy.cuda.nccl.NcclCommunicator``, or anything with its
+    ``allReduce``/``size``/``device_id`` calls; a ``cupyx.distributed.NCCLBackend`` gives the
+    one it holds) gives a `gpuscalar.distributed.nccl.NcclComm`. Anything else is a TypeError
+    naming it. Never imports mpi4py or CuPy: a user who holds such a communicator has imported
+    them."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and isinstance(comm, mpi.Comm):
         if not isinstance(comm, mpi.Intracomm):
@@ -126,16 +137,25 @@ def wrap_comm(comm: Any) -> Any:
         from .mpi import MpiComm  # noqa: PLC0415 - only where the user has mpi4py
 
         return MpiComm(comm)
-    kind = type(comm)
-    if kind.__module__.startswith(("cupy", "cupyx", "nccl")):
-        raise NotImplementedError(
-            f"gs.distributed.all_reduce: comm= is a {kind.__module__}.{kind.__name__}; the NCCL "
-            "path is not implemented yet (docs/distributed.md): use an mpi4py communicator"
-        )
+    if type(comm).__name__ == "NCCLBackend" and is_nccl_communicator(getattr(comm, "_comm",
+                                                                             None)):
+        comm = comm._comm  # cupyx.distributed's backend: the NcclCommunicator it holds
+    if is_nccl_communicator(comm):
+        return NcclComm(comm)
     raise TypeError(
         f"gs.distributed.all_reduce: comm= is {sync.describe(comm)}; expected your own "
-        "communicator: an mpi4py MPI.Comm (gpuscalar never creates one)"
+        "communicator: an mpi4py MPI.Comm, or a NCCL communicator (cupy.cuda.nccl."
+        "NcclCommunicator, cupyx.distributed.NCCLBackend); gpuscalar never creates one"
     )
+
+
+def _in_capture_step() -> bool:
+    """Whether a `gs.capture` step is being warmed up or recorded (a NCCL collective may be
+    recorded there; a loop or branch body is refused by its own flag, except one nested in a
+    capture step, which this cannot tell apart: NCCL's own error is raised there)."""
+    from ..cuda import graphs  # noqa: PLC0415 - only inside a body
+
+    return bool(graphs._capturing.get(False))
 
 
 def _flatten(values: Any) -> tuple[Any, list[Any]]:
@@ -177,25 +197,3 @@ def _placed(items: list[Any], structure: Any) -> tuple[Backend, object, list[Any
         arrays.append(array)
     assert place is not None
     return place[0], place[1], arrays
-
-
-def result_dtype(dtype: np.dtype, op: str) -> np.dtype:
-    """The dtype of the reduction ``op`` of values of ``dtype`` (NumPy's: ``mean`` of
-    integers and bools is float64, ``sum`` and ``prod`` of bools int64; otherwise the
-    input's, as the elementwise ``x0 + x1 + ...`` across processes keeps it)."""
-    if op == "mean" and dtype.kind in "biu":
-        return np.dtype(np.float64)
-    if op in ("sum", "prod") and dtype.kind == "b":
-        return np.dtype(np.int64)
-    return dtype
-
-
-def buffer_dtype(dtype: np.dtype, op: str) -> np.dtype:
-    """The dtype the collective runs in for values of ``dtype``: the result's, except bools
-    under max/min, reduced as uint8 (0 and 1: MPI has no max of C_BOOL), and a mean of
-    integers, summed in 64 bits before the division."""
-    if dtype.kind == "b" and op in ("max", "min"):
-        return np.dtype(np.uint8)
-    if op == "mean" and dtype.kind in "biu":
-        return np.dtype(np.int64) if dtype.kind != "u" else np.dtype(np.uint64)
-    return result_dtype(dtype, op)

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import sync
 from ..backend import CUPY, Backend
-from . import buffer_dtype, result_dtype
+from .packing import buffer_dtype, finish, join, own, pack, split, unpack
 
 __all__ = ["MpiComm", "MPI_OPS"]
 
@@ -58,9 +58,9 @@ class MpiComm:
         with backend.device_context(device):
             if backend.evaluates_on_host:
                 data = [backend.host_data(a) for a in arrays]
-                buffers = backend.call(_pack, np, data, groups)  # one device op
+                buffers = backend.call(pack, np, data, groups)  # one device op
             else:
-                buffers = backend.call(_pack, backend.xp, arrays, groups)
+                buffers = backend.call(pack, backend.xp, arrays, groups)
 
             def collective() -> Any:
                 if not backend.evaluates_on_host:  # MPI is not stream-aware: wait first
@@ -68,17 +68,17 @@ class MpiComm:
                 for buffer in buffers:
                     comm.Allreduce(MPI.IN_PLACE, _message(backend, buffer), op=mpi_op)
                 if backend.evaluates_on_host:
-                    return backend.from_host_data(_join(np, buffers), arrays[0])
-                return backend.call(_join, backend.xp, buffers)
+                    return backend.from_host_data(join(np, buffers), arrays[0])
+                return backend.call(join, backend.xp, buffers)
 
             host = np.asarray(sync.to_host(backend, collective, "all_reduce"))
-            reduced = _split(host, groups, [a.size for a in arrays])
-            values = [_finish(np, reduced[i], arrays[i], op, self.size)
+            reduced = split(host, groups, [a.size for a in arrays])
+            values = [finish(np, reduced[i], arrays[i], op, self.size)
                       for i in range(len(arrays))]
             if backend.evaluates_on_host:
-                results = backend.call(_own, backend, values, arrays)  # one device op
+                results = backend.call(own, backend, values, arrays)  # one device op
             else:
-                results = backend.call(_unpack, backend.xp, buffers, groups, arrays, op,
+                results = backend.call(unpack, backend.xp, buffers, groups, arrays, op,
                                        self.size)
         host_values = [v.item() if v.ndim == 0 else v for v in values]
         return results, host_values
@@ -103,58 +103,3 @@ def _check_mpi_type(dtype: np.dtype, given: np.dtype) -> None:
                         f"values; convert them first (e.g. to float32)")
 
 
-def _pack(xp: Any, arrays: list[Any], groups: dict[np.dtype, list[int]]) -> list[Any]:
-    """One 1-d buffer per dtype group: its arrays raveled, converted, concatenated."""
-    return [xp.concatenate([xp.asarray(arrays[i].reshape(-1), dtype=dtype) for i in indices])
-            for dtype, indices in groups.items()]
-
-
-def _join(xp: Any, buffers: list[Any]) -> Any:
-    """The buffers' bytes in one uint8 vector: what the sync reads, in one transfer."""
-    return xp.concatenate([b.view(xp.uint8) for b in buffers])
-
-
-def _split(host: np.ndarray, groups: dict[np.dtype, list[int]],
-           sizes: list[int]) -> dict[int, np.ndarray]:
-    """Each value's reduced elements (1-d views of the host copy), by its position; ``sizes``:
-    each value's element count."""
-    found: dict[int, np.ndarray] = {}
-    offset = 0
-    for dtype, indices in groups.items():
-        count = sum(sizes[i] for i in indices)
-        flat = host[offset:offset + count * dtype.itemsize].view(dtype)
-        offset += count * dtype.itemsize
-        start = 0
-        for index in indices:
-            found[index] = flat[start:start + sizes[index]]
-            start += sizes[index]
-    return found
-
-
-def _finish(xp: Any, flat: Any, like: Any, op: str, size: int) -> Any:
-    """A value's reduced elements as its result: its shape, `result_dtype`, a mean divided."""
-    dtype = result_dtype(like.dtype, op)
-    value = xp.array(flat[:like.size].reshape(like.shape), dtype=dtype)  # a copy: its own
-    if op == "mean":
-        scale = np.dtype(dtype.char.lower()).type(size) if dtype.kind == "c" else dtype.type(size)
-        value = xp.divide(value, scale)
-    return value
-
-
-def _own(backend: Backend, values: list[np.ndarray], arrays: list[Any]) -> list[Any]:
-    """The results (each a copy of its own, never a view of the buffer the host read) as
-    arrays of the host-evaluating ``backend``."""
-    return [backend.from_host_data(v, a) for v, a in zip(values, arrays, strict=True)]
-
-
-def _unpack(xp: Any, buffers: list[Any], groups: dict[np.dtype, list[int]], arrays: list[Any],
-            op: str, size: int) -> list[Any]:
-    """The results on the device, cut from the reduced device buffers."""
-    results: list[Any] = [None] * len(arrays)
-    for buffer, indices in zip(buffers, groups.values(), strict=True):
-        start = 0
-        for index in indices:
-            like = arrays[index]
-            results[index] = _finish(xp, buffer[start:start + like.size], like, op, size)
-            start += like.size
-    return results

@@ -1,0 +1,90 @@
+"""`all_reduce` over a NCCL communicator: stream-ordered on the device, no sync.
+
+Why this module exists: on GPUs the collective belongs on the stream, like a kernel: NCCL
+enqueues it on CuPy's current stream and returns at once, so the results are GPUScalars and
+arrays the next kernels read on the device, and nothing waits (a read of a result later is one
+ordinary counted sync). The communicator is the user's: CuPy's
+``cupy.cuda.nccl.NcclCommunicator`` or the one a ``cupyx.distributed.NCCLBackend`` holds
+(its ``_comm``), anything with NCCL's calls (``allReduce(sendbuf, recvbuf, count, datatype, op,
+stream)`` on device pointers, ``size()``, ``device_id()``); gpuscalar never creates one, and
+never imports ``cupy.cuda.nccl`` (which loads libnccl): NCCL's datatype and op numbers are
+its stable ``nccl.h`` enums, below.
+
+NCCL has no complex and no 16-bit integer datatypes: complex values are reduced as pairs of
+reals (sum and mean; a complex product or ordering is refused), int16/uint16 are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backend import CUPY, Backend
+from .packing import buffer_dtype, pack, unpack
+
+__all__ = ["NcclComm", "NCCL_TYPES", "NCCL_OPS", "is_nccl_communicator"]
+
+#: NumPy dtype -> NCCL's ``ncclDataType_t`` (nccl.h: ncclInt8 0, ncclUint8 1, ncclInt32 2,
+#: ncclUint32 3, ncclInt64 4, ncclUint64 5, ncclFloat16 6, ncclFloat32 7, ncclFloat64 8)
+NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2,
+              np.dtype(np.uint32): 3, np.dtype(np.int64): 4, np.dtype(np.uint64): 5,
+              np.dtype(np.float16): 6, np.dtype(np.float32): 7, np.dtype(np.float64): 8}
+#: gpuscalar's op -> NCCL's ``ncclRedOp_t`` (ncclSum 0, ncclProd 1, ncclMax 2, ncclMin 3); a
+#: mean is a sum divided after, as on MPI (NCCL's ncclAvg truncates integers)
+NCCL_OPS = {"sum": 0, "mean": 0, "prod": 1, "max": 2, "min": 3}
+
+
+def is_nccl_communicator(comm: Any) -> bool:
+    """Whether ``comm`` has NCCL's communicator calls (CuPy's ``NcclCommunicator`` has)."""
+    return all(callable(getattr(comm, name, None)) for name in ("allReduce", "size", "device_id"))
+
+
+class NcclComm:
+    """The user's NCCL communicator, as `gpuscalar.distributed.all_reduce` uses it."""
+
+    __slots__ = ("comm", "size")
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.size = int(comm.size())
+
+    def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
+                   op: str) -> tuple[list[Any], list[Any]]:
+        """The reduced ``arrays`` as new CuPy arrays, the collective enqueued on the current
+        stream (no sync; their host values are not known: None each)."""
+        if backend is not CUPY:
+            raise TypeError(f"gs.distributed.all_reduce: a NCCL communicator reduces CuPy "
+                            f"arrays, not {backend.name} ones (use an mpi4py communicator)")
+        own = int(self.comm.device_id())
+        if own != device:
+            raise ValueError(f"gs.distributed.all_reduce: the values are on CUDA device "
+                             f"{device!r}, the NCCL communicator on device {own}")
+        groups: dict[np.dtype, list[int]] = {}
+        for index, array in enumerate(arrays):
+            groups.setdefault(buffer_dtype(array.dtype, op), []).append(index)
+        kinds = [_nccl_kind(dtype, op) for dtype in groups]
+        nccl_op = NCCL_OPS[op]
+        with backend.device_context(device):
+            buffers = backend.call(pack, backend.xp, arrays, groups)  # one device op
+            stream = CUPY.seam.current_stream()
+            for buffer, (nccl_type, per_element) in zip(buffers, kinds, strict=True):
+                address = backend.data_address(buffer)
+                backend.call(self.comm.allReduce, address, address, buffer.size * per_element,
+                             nccl_type, nccl_op, stream.ptr)  # in place, on the stream
+            results = backend.call(unpack, backend.xp, buffers, groups, arrays, op, self.size)
+        return results, [None] * len(arrays)
+
+
+def _nccl_kind(dtype: np.dtype, op: str) -> tuple[int, int]:
+    """(NCCL's datatype, NCCL elements per value) for a buffer of ``dtype``."""
+    if dtype.kind == "c":
+        if op not in ("sum", "mean"):
+            raise TypeError(f"gs.distributed.all_reduce: op={op!r} of {dtype} values on NCCL "
+                            "(no complex datatype: sum and mean only, as pairs of reals)")
+        return NCCL_TYPES[np.dtype(dtype.char.lower())], 2
+    found = NCCL_TYPES.get(dtype)
+    if found is None:
+        raise TypeError(f"gs.distributed.all_reduce: NCCL has no datatype for {dtype} values; "
+                        "convert them first (e.g. to int32)")
+    return found, 1
