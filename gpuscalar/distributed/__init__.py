@@ -70,8 +70,8 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     ...`` across processes, except of bools: an int64, as ``numpy.sum``; complex values take
     sum, mean and prod only; on NCCL sum and mean). ``comm``: the user's own ``mpi4py``
     communicator (an ``MPI.Intracomm``) or NCCL communicator (`wrap_comm`); anything else is a
-    TypeError naming it. Every process must call it with the
-    same structure, dtypes and shapes, as for any collective.
+    TypeError naming it. Every process must call it with the same structure, dtypes and
+    shapes, as for any collective.
 
     Returns a GPUScalar for each GPUScalar (known on the host: reading it costs nothing more),
     a new array of the input's backend, shape and dtype for each array, in a list, a tuple or
