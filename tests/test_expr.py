@@ -502,3 +502,24 @@ def test_the_cache_bound_is_public_and_refuses_bad_input():
         assert gs.cache_size() == 7  # a refused bound changes nothing
     finally:
         assert gs.set_cache_size(previous) == 7
+
+
+def test_a_bounded_cache_reads_and_writes_like_the_seams_dict_caches():
+    """`BoundedCache` keys / [] / update / clear (what `CupyBackend.seam_cache` does to the
+    optimizer's kernel cache under a test seam) keep the bound and the recency order."""
+    previous = expr.set_cache_size(2)
+    try:
+        cache = expr.BoundedCache()
+        cache["a"], cache["b"] = 1, 2
+        saved = dict(cache)  # keys() and []
+        assert saved == {"a": 1, "b": 2}
+        cache.clear()
+        assert len(cache) == 0 and "a" not in cache
+        cache.update(saved)
+        assert cache["a"] == 1  # now the most recently used
+        cache["c"] = 3  # evicts b
+        assert sorted(cache.keys()) == ["a", "c"]
+        with pytest.raises(KeyError):
+            cache["b"]
+    finally:
+        expr.set_cache_size(previous)

@@ -22,6 +22,13 @@ A node is a `Node`: an immutable tuple ``(key, size, op, children)`` with those 
 - ``size`` counts the op nodes of the tree; past `MAX_NODES` an expression is materialized where
   it is built, so ``total = total + loss`` over 100,000 steps stays bounded.
 
+Structures can vary with the data (``total = total + (a if cond else b)`` makes 2^k shapes in
+k steps), and a kernel is compiled per structure evaluated whole, never dropped by CuPy: so the
+consumers bound the structures they evaluate whole per *family* (the root's op and the tree's
+size), evaluating a churning family's new shapes in pieces of a bounded set of shapes, with
+bit-identical results (`gpuscalar.lazy.fusion.splits`). A program that repeats its shapes
+never meets that rule.
+
 Children are never GPUScalars: when a pending GPUScalar is materialized it drops its node, and
 expressions built from it earlier keep the subtree they captured (and the key that describes
 it), so materialization never changes an existing node and memory stays bounded.

@@ -25,6 +25,11 @@ dtypes (CuPy's routine for the loop, the kernel, output dtypes, kept scalars) is
 leaves and the launch (``bench/fold_overhead.py`` measures it). The kernel, plan and loop-pin
 caches are `expr.BoundedCache`\\ s, bounded with `expr`'s structure plans by one setting,
 ``gpuscalar.lazy.set_cache_size``. Eviction only costs a rebuild (the same source).
+
+Bounded compiles (issue 22): a bound on gpuscalar's caches is no bound on kernels (CuPy keeps
+every module it loads), so the structures evaluated whole are bounded too: a *churning* family
+of structures (see `splits`) has its new shapes evaluated in pieces of at most `PIECE_NODES`
+nodes, the same bits in a few more ops, while repeating shapes cost what they always cost.
 """
 
 from __future__ import annotations
@@ -70,9 +75,12 @@ _PINNED = BoundedCache()
 # array of its op's dtype, exactly the value the whole kernel computes for that subtree (every
 # op's value is an opaque barrier there, no contraction spans two ops): the results are
 # bit-identical. A structure of a churning family met `PROMOTE_AFTER` times is a repeating one
-# after all and is evaluated whole from then on. Structures of `SPLIT_NODES` nodes or fewer, and
-# every structure of a family that does not churn, cost what they always cost: a program that
-# repeats its shapes never meets this rule (no device op is added).
+# after all and is evaluated whole from then on (at most ``2 * CHURN_KEYS`` whole structures per
+# family: a hard bound). Where: `materialize` (the size bound, ``s.array``, kept scalars), folds
+# into array kernels (`fused_ufunc`) and CuPy's packed read (its read kernel is not built for
+# such a structure: it reads the materialized 0-d array). Structures of `SPLIT_NODES` nodes or
+# fewer, and every structure of a family that does not churn, cost what they always cost: a
+# program that repeats its shapes never meets this rule (no device op is added).
 
 #: Trees of more op nodes than this are watched for churn (smaller ones are always whole).
 SPLIT_NODES = 16
