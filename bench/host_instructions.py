@@ -182,9 +182,9 @@ def table(rows: dict[str, float], unit: str) -> str:
     for label in (f"adam step, {TENSORS} fresh grads", f"adam step, {TENSORS} reused grads"):
         if label in rows:
             per = rows[label] / TENSORS
-            goal = (f"<= 2,500 per tensor: {'met' if per <= 2500 else 'NOT met'}"
+            note = (f"<= 2,500 per tensor: {'met' if per <= 2500 else 'NOT met'}"
                     if "fresh" in label else "(reference)")
-            lines.append(f"{label + ', per tensor':<34} {per:>12,.0f} {'':>12} {'':>7}  {goal}")
+            lines.append(f"{label + ', per tensor':<34} {per:>12,.0f} {'':>12} {'':>7}  {note}")
     steps = {}
     for path in ("float", "gpuscalar"):
         one = rows.get(f"demo {path} path, 1 step")
