@@ -31,7 +31,8 @@ REGENERATE = "python -m tests.test_api_reference"
 
 #: The public modules, each with how the page spells its names (``import gpuscalar as gs``).
 MODULES = (("gpuscalar", "gs"), ("gpuscalar.optim", "gs.optim"), ("gpuscalar.ad", "gs.ad"),
-           ("gpuscalar.strict", "gs.strict"))
+           ("gpuscalar.strict", "gs.strict"), ("gpuscalar.linalg", "gs.linalg"),
+           ("gpuscalar.distributed", "gs.distributed"))
 
 
 def first_sentence(text: str) -> str:
