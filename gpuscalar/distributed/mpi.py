@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import sync
 from ..backend import CUPY, Backend
+from ..known import python_value
 from .packing import buffer_dtype, finish, join, own, pack, split, unpack
 
 __all__ = ["MpiComm", "MPI_OPS"]
@@ -80,7 +81,7 @@ class MpiComm:
             else:
                 results = backend.call(unpack, backend.xp, buffers, groups, arrays, op,
                                        self.size)
-        host_values = [v.item() if v.ndim == 0 else v for v in values]
+        host_values = [python_value(v) if v.ndim == 0 else v for v in values]  # (on the host)
         return results, host_values
 
 

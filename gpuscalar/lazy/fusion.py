@@ -225,6 +225,8 @@ class HostExecutor(Executor):
 
     def read(self, root: expr.Node, device: object,
              extras: tuple[int, ...]) -> tuple[Any, Any]:
+        if root[expr.SIZE] > SPLIT_NODES and splits(root, count=False):  # in pieces, as on CuPy
+            return self.materialize(root, device), None
         return self.backend.call(_read_on_host, self.backend, root, extras)
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
