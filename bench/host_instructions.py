@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import subprocess
@@ -45,7 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run as a script, or loaded by path)
+import nullcuda_harness as harness  # noqa: E402
+
+ROOT = harness.ROOT
 BENCH = "issue22"
 TENSORS = 100
 DEMO_STEPS = 20
@@ -62,21 +64,8 @@ PAIRS: list[tuple[str, str | None, float, str]] = [
 CALLS = {"fold": 200, "read": 200, "matmul": 200, "adam": 6, "demo": 2}
 
 
-def _import_nullcuda() -> Any:
-    try:
-        import nullcuda  # noqa: PLC0415
-    except ImportError:
-        for candidate in (ROOT / "shared", ROOT.parent / "shared"):
-            if (candidate / "nullcuda" / "__init__.py").is_file():
-                sys.path.insert(0, str(candidate))
-                break
-        import nullcuda  # noqa: PLC0415
-    return nullcuda
-
-
 def _fail(message: str) -> int:
-    print(f"host_instructions: {message}", file=sys.stderr)
-    return 2
+    return harness.fail("host_instructions", message)
 
 
 def cases(cupy: Any, gs: Any) -> dict[str, tuple[Callable[[], Any], int]]:
@@ -130,7 +119,7 @@ def cases(cupy: Any, gs: Any) -> dict[str, tuple[Callable[[], Any], int]]:
 def measure() -> dict[str, float] | None:
     """Register the cases with nullcuda's Bench: instructions under callgrind (the dumps hold
     them; returns None), wall-time ns per call otherwise (returned)."""
-    nullcuda = _import_nullcuda()
+    nullcuda = harness.import_nullcuda()
     nullcuda.install()  # before CuPy is imported
     import cupy  # noqa: PLC0415
 
@@ -153,19 +142,7 @@ def measure() -> dict[str, float] | None:
 
 def instructions(out: str | None) -> dict[str, float]:
     """Run this script under callgrind (nullcuda.measure) and read the figures back."""
-    nullcuda = _import_nullcuda()
-    from nullcuda import measure as nm  # noqa: PLC0415
-
-    env_path = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(nullcuda.__file__)),
-                                           os.environ.get("PYTHONPATH")) if p)
-    os.environ["PYTHONPATH"] = env_path
-    status, directory = nm.run(__file__, ["--inner"], out)
-    if status != 0:
-        raise RuntimeError(f"the run under callgrind exited with status {status}")
-    found = nm.load(directory).get(BENCH)
-    if not found:
-        raise RuntimeError(f"no callgrind regions found in {directory}")
-    return found
+    return harness.instructions(__file__, BENCH, ["--inner"], out)
 
 
 def table(rows: dict[str, float], unit: str) -> str:
@@ -205,7 +182,7 @@ def table(rows: dict[str, float], unit: str) -> str:
 def compile_run(steps: int, bounded: bool, read_every: int, seed: int = 0) -> dict[str, Any]:
     """In this process (nullcuda installed here): ``steps`` of the issue's loop; module loads
     (one per NVRTC compile or kernel-cache load) and max RSS, after a warm-up of a tenth."""
-    nullcuda = _import_nullcuda()
+    nullcuda = harness.import_nullcuda()
     nullcuda.install()
     import cupy  # noqa: PLC0415
 

@@ -26,7 +26,7 @@ def test_without_nullcuda_it_exits_2_with_one_clear_line(monkeypatch, capsys):
     def missing():
         raise ModuleNotFoundError("No module named 'nullcuda'")
 
-    monkeypatch.setattr(bench, "_import_nullcuda", missing)
+    monkeypatch.setattr(bench.harness, "import_nullcuda", missing)
     assert bench.main(["--n", "1"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
