@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 import numpy as np
 import pytest
@@ -60,6 +61,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     where the extra is installed, it fails instead (`cupy_fake.cupy_or_fail`)."""
     if item.get_closest_marker("needs_cupy") is not None:
         cupy_fake.cupy_or_fail()
+
+
+@pytest.fixture
+def switch_often():
+    """Threads switch every microsecond during the test (forced interleaving, for anything
+    process-wide shared by threads)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ threads)."""
 from __future__ import annotations
 
 import gc
-import sys
 import threading
 
 import numpy as np
-import pytest
 
 import gpuscalar as gs
 from gpuscalar import known, optim
@@ -80,16 +78,6 @@ def test_python_value_is_what_item_gives():
                   np.asarray(7, dtype=np.uint16)):
         result = known.python_value(value)
         assert type(result) is type(value.item()) and result == value.item()
-
-
-@pytest.fixture
-def switch_often():
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 def test_threads_register_and_look_up_at_once(switch_often):

@@ -375,16 +375,6 @@ def test_all_threads_counters_from_many_threads_at_once(switch_often):
     assert sync._active_counters.get() == ()
 
 
-@pytest.fixture
-def switch_often():
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
-
-
 @pytest.mark.parametrize("flag", [1, "yes", None])
 def test_all_threads_must_be_a_bool(flag):
     with pytest.raises(TypeError, match="all_threads"):

@@ -7,7 +7,6 @@ NumPy: the races are in gpuscalar's Python, whatever the backend.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from itertools import count
@@ -197,16 +196,6 @@ def test_consuming_while_another_thread_reads(second_waits_for_first):
 
 
 # ---- stress: tiny switch interval, many threads ---------------------------------------------
-
-
-@pytest.fixture
-def switch_often() -> Iterator[None]:
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(previous)
 
 
 class _Fresh:
