@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger
+from .known import INCOMING, arrive
 
 __all__ = [
     "Backend",
@@ -156,6 +157,8 @@ class NumpyBackend(Backend):
         return array.item() if array.ndim == 0 else array.copy()
 
     def host_data(self, array: Any) -> Any:
+        if INCOMING:  # a non-blocking collective still writing it: wait (gpuscalar.known)
+            arrive(array)
         return array
 
     def from_host_data(self, data: Any, like: Any) -> Any:

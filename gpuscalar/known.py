@@ -28,7 +28,7 @@ import weakref
 from typing import Any
 
 __all__ = ["UNREAD", "remember", "value_of", "mark_live", "python_value", "forget_all",
-           "size"]
+           "size", "expect", "arrive", "INCOMING"]
 
 
 class _Unread:
@@ -64,6 +64,9 @@ def _purge() -> None:
     for key, reference in _LIVE.copy().items():
         if reference() is None:
             _LIVE.pop(key, None)
+    for key, (reference, _) in INCOMING.copy().items():
+        if reference() is None:
+            INCOMING.pop(key, None)
 
 
 def mark_live(array: Any) -> None:
@@ -93,6 +96,26 @@ def value_of(array: Any) -> Any:
     if entry is None or entry[0]() is not array:
         return UNREAD
     return entry[1]
+
+
+#: id(array) -> (a weak reference to a host array something is still writing, the function
+#: that waits for it): a non-blocking collective's receive buffer (gpuscalar.distributed). The
+#: host executors' data accessor (``Backend.host_data``) calls `arrive` first, so the first use
+#: of such an array, a read or an evaluation, waits for the data; empty, it costs one check.
+INCOMING: dict[int, tuple[weakref.ref, Any]] = {}
+
+
+def expect(array: Any, wait: Any) -> None:
+    """``array`` (host data) is being written asynchronously; ``wait()`` waits for it."""
+    INCOMING[id(array)] = (weakref.ref(array, _ON_DEATH), wait)
+
+
+def arrive(array: Any) -> None:
+    """Wait for ``array`` if it is still being written (see `INCOMING`)."""
+    entry = INCOMING.get(id(array))
+    if entry is not None and entry[0]() is array:
+        INCOMING.pop(id(array), None)
+        entry[1]()
 
 
 #: dtype kind -> the Python type a value of that kind is read as (what ``item()`` gives)

@@ -63,6 +63,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import strict_capture, sync
 from .backend import Backend, register_backend
+from .known import INCOMING, arrive
 from .strict_capture import (
     CUBLAS_CAPTURE_MESSAGE,
     CURAND_CAPTURE_MESSAGE,
@@ -738,6 +739,8 @@ class StrictBackend(Backend):
         return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
 
     def host_data(self, array: Any) -> Any:
+        if INCOMING:  # a non-blocking collective still writing it: wait (gpuscalar.known)
+            arrive(array)
         return array._data
 
     def from_host_data(self, data: Any, like: Any) -> Any:

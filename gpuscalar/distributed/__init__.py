@@ -109,7 +109,9 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     reduced, host = communicator.all_reduce(backend, device, arrays, op)
     results: list[Any] = []
     for item, array, value in zip(items, reduced, host, strict=True):
-        if isinstance(item, GPUScalar):
+        if isinstance(array, GPUScalar):  # pending already (host MPI: a non-blocking collective)
+            results.append(array)
+        elif isinstance(item, GPUScalar):
             if value is not None:  # read in the collective's sync: a new array, never written
                 remember(array, value)
             results.append(_wrap(backend, array))

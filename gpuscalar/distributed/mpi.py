@@ -4,25 +4,31 @@ Why this module exists: MPI is the engine every cluster (and CI, through mpich's
 is imported only when the user hands gpuscalar an ``mpi4py`` communicator, so gpuscalar never
 imports mpi4py (nor initializes MPI) itself.
 
-The collective is a blocking ``Allreduce`` run inside ONE counted sync (`gpuscalar.sync.to_host`,
-reason ``"all_reduce"``): the guard is checked before anything is sent, and the read that ends
-the sync brings the reduced values to the host, so the results are known. On the host the
-collective reads and writes one NumPy buffer per dtype; over CuPy memory (CUDA-aware MPI, which
-is not stream-aware) the sync first waits for the current stream, then MPI reads and writes the
-device buffers, and the read copies them back.
+On host data (NumPy, the strict device), GPUScalars alone: a non-blocking ``Iallreduce`` per
+packed buffer, and the results are pending GPUScalars over the receive buffers (registered with
+`gpuscalar.known.expect`): nothing waits until a result is used, and the first read waits inside
+its counted sync (an array operation using one waits too). With arrays among the values, or on
+CuPy memory, the collective is a blocking ``Allreduce`` run inside ONE counted sync
+(`gpuscalar.sync.to_host`, reason ``"all_reduce"``): the guard is checked before anything is
+sent, and the read that ends the sync brings the reduced values to the host, so the results are
+known. Over CuPy memory (CUDA-aware MPI, which is not stream-aware) the sync first waits for the
+current stream, then MPI reads and writes the device buffers, and the read copies them back.
 """
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import sync
+from .. import known, sync
 from ..backend import CUPY, Backend
 from ..known import python_value
-from .packing import buffer_dtype, finish, join, own, pack, split, unpack
+from ..lazy import expr
+from ..scalar import _classes_for, _pending
+from .packing import buffer_dtype, finish, join, own, pack, result_dtype, split, unpack
 
 __all__ = ["MpiComm", "MPI_OPS"]
 
@@ -56,6 +62,9 @@ class MpiComm:
             _check_mpi_type(dtype, arrays[indices[0]].dtype)
         mpi_op = MPI_OPS[op]
         comm = self.comm
+        if backend.evaluates_on_host and all(
+                a.ndim == 0 and result_dtype(a.dtype, op).kind in "iufc" for a in arrays):
+            return self._pending(backend, device, arrays, groups, op, mpi_op), [None] * len(arrays)
         with backend.device_context(device):
             if backend.evaluates_on_host:
                 data = [backend.host_data(a) for a in arrays]
@@ -83,6 +92,60 @@ class MpiComm:
                                        self.size)
         host_values = [python_value(v) if v.ndim == 0 else v for v in values]  # (on the host)
         return results, host_values
+
+
+    def _pending(self, backend: Backend, device: object, arrays: list[Any],
+                 groups: dict[np.dtype, list[int]], op: str, mpi_op: Any) -> list[Any]:
+        """Scalars on the host: one ``Iallreduce`` per buffer, the results pending GPUScalars
+        that read their receive buffer (waited for at first use), no sync now."""
+        data = [backend.host_data(a) for a in arrays]
+        buffers = backend.call(pack, np, data, groups)  # one device op
+        requests = [self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=mpi_op) for buffer in buffers]
+        _outstanding(requests)
+
+        def wait() -> None:
+            MPI.Request.Waitall(requests)
+
+        classes = _classes_for(backend)
+        results: list[Any] = [None] * len(arrays)
+        for buffer, indices in zip(buffers, groups.values(), strict=True):
+            for position, index in enumerate(indices):
+                leaf = backend.from_host_data(buffer[position:position + 1].reshape(()),
+                                              arrays[index])
+                known.expect(leaf, wait)
+                dtype = result_dtype(arrays[index].dtype, op)
+                results[index] = _pending(classes[dtype.kind], _finish_node(leaf, dtype, op,
+                                                                            self.size),
+                                          dtype, device)
+        return results
+
+
+#: Requests of non-blocking collectives whose results may never be used: completed at exit,
+#: before MPI is finalized (an MPI program must complete every request it starts).
+_OUTSTANDING: list[list[Any]] = []
+
+
+def _outstanding(requests: list[Any]) -> None:
+    if not _OUTSTANDING:
+        atexit.register(_complete_all)  # after mpi4py's own: so it runs before finalizing
+    _OUTSTANDING[:] = [r for r in _OUTSTANDING if not MPI.Request.Testall(r)]
+    _OUTSTANDING.append(requests)
+
+
+def _complete_all() -> None:
+    for requests in _OUTSTANDING:
+        MPI.Request.Waitall(requests)
+    _OUTSTANDING.clear()
+
+
+def _finish_node(leaf: Any, dtype: np.dtype, op: str, size: int) -> expr.Node:
+    """The result of a reduced element ``leaf`` as a pending expression: converted to the
+    result's dtype (the input cast of ``positive`` on that loop), a mean divided by the number
+    of processes (as `packing.finish`)."""
+    if op == "mean":  # (a complex by (n + 0j): the same bits as by the real n)
+        divide = expr.get_op("ufunc", "divide", (dtype, dtype), (dtype,))
+        return expr.make_node(divide, (leaf, dtype.type(size)))
+    return expr.make_node(expr.get_op("ufunc", "positive", (dtype,), (dtype,)), (leaf,))
 
 
 def _message(backend: Backend, buffer: Any) -> Any:

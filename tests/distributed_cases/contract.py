@@ -121,15 +121,34 @@ def test_counts() -> None:
     assert counter.count == 0 and counter.device_ops == 0, counter.report()
     mean_rank = (SIZE - 1) / 2
     assert floats == [mean_rank + i for i in range(8)] == list(total)
-    # two dtypes: still one sync (two collectives inside it)
-    with gs.count_syncs() as counter:
-        gs.distributed.all_reduce([scalars[0], gs.asscalar(RANK, like=XP.zeros((), np.int64))],
-                                  comm=COMM)
+    # GPUScalars alone, two dtypes: two non-blocking collectives, no sync; the results are
+    # pending until used, and one read of both waits for them: one sync
+    rank = gs.asscalar(RANK, like=XP.zeros((), np.int64))
+    with gs.count_syncs(include_cupy=True) as counter:
+        pair = gs.distributed.all_reduce([scalars[0], rank], comm=COMM)
+    assert counter.count == 0 and counter.device_ops == 1, counter.report()
+    assert not any(s.is_materialized for s in pair)
+    assert pair[0].dtype == np.float64 and pair[1].dtype == np.int64
+    with gs.count_syncs(include_cupy=True) as counter:
+        values = gs.read(*pair)
     assert counter.count == 1, counter.report()
-    # the guard refuses the collective before anything is sent (on every rank alike)
+    assert values == (sum(range(SIZE)) * 1.0, sum(range(SIZE)))
+    # a pending result under the guard: the call sends (no sync), the read is refused, and a
+    # read outside the guard then waits as usual
+    with gs.sync_guard("error"):
+        pending = gs.distributed.all_reduce(scalars[1], "max", comm=COMM)
+        try:
+            float(pending)
+        except gs.SyncError:
+            pass
+        else:
+            raise AssertionError("no SyncError for the read under sync_guard('error')")
+    assert float(pending) == SIZE  # max over ranks of RANK + 1
+    # with an array among the values the collective runs in its sync: the guard refuses it
+    # before anything is sent (on every rank alike)
     with gs.sync_guard("error"):
         try:
-            gs.distributed.all_reduce(scalars[0], comm=COMM)
+            gs.distributed.all_reduce([scalars[0], grad], comm=COMM)
         except gs.SyncError as error:
             assert "all_reduce" in str(error)
         else:
