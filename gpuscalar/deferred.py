@@ -316,9 +316,30 @@ class MetricLog:
     next. ``ready()`` returns the rows (dicts with their ``step``) that have reached the host,
     in order, each once; ``flush()`` waits for the rest. Rows overwritten before the host
     drained them are counted in ``dropped`` and reported with a `DroppedRowsWarning`.
+
+    ``comm`` (the user's own ``mpi4py`` or NCCL communicator, as
+    `gpuscalar.distributed.all_reduce` takes; anything else is a TypeError naming it): every
+    process keeps its own log, and ``flush()`` is a collective returning the rows reduced
+    across the processes: each column by its op in ``ops`` (a mapping column name -> ``"mean"``,
+    ``"sum"``, ``"max"``, ``"min"`` or ``"prod"``; ``"mean"`` for a column not named), with the
+    result dtypes of `all_reduce` (a mean of integers is a float). ONE collective per flush
+    for all columns, whatever their ops and dtypes: every process's ring is gathered (an
+    ``all_reduce`` sum of int64 words where each process fills its own slot and the others add
+    zeros: exact, bit for bit), then each process reduces the gathered rows in rank order
+    itself, so every process returns the same rows, equal to one process's reduction of all
+    processes' rows. The collective carries ``size * (16 + capacity * 16 * (1 + columns))``
+    bytes, so size the log to the steps between flushes. Every process records the same
+    columns (dtypes, capacity) and the same number of rows between flushes, and calls
+    ``flush()`` at the same points (as any collective); different row counts are a
+    RuntimeError on every process alike. With ``comm`` rows are reduced at flush only:
+    ``ready()`` returns no rows and never communicates (it cannot: the processes poll at
+    different times); for a live local view keep a second log without ``comm``. Accounting of
+    a flush with ``comm``: one device op gathers, then `all_reduce`'s (MPI on host data: its
+    one counted sync, the rows read in it; NCCL: no sync there, then one counted read).
     """
 
-    def __init__(self, capacity: int = 1024, *, like: Any = None) -> None:
+    def __init__(self, capacity: int = 1024, *, like: Any = None, comm: Any = None,
+                 ops: Any = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"gs.MetricLog: capacity must be an int, got "
                             f"{type(capacity).__name__}")
@@ -336,6 +357,7 @@ class MetricLog:
                     raise TypeError(f"gs.MetricLog: like= must be an array or GPUScalar, got "
                                     f"{sync.describe(like)}")
                 self._place = (backend, backend.device_of(like))
+        self._comm, self._ops = _comm_and_ops(comm, ops)
         self._lock = threading.RLock()
         self._ring: Any = None
         self._layout: RowLayout | None = None
@@ -396,17 +418,63 @@ class MetricLog:
         the copies under way (never waits, no sync) and starts the next one."""
         self._on_host("ready")
         with self._lock:
-            if self._ring is None:
+            if self._ring is None or self._comm is not None:  # (with comm: at flush only)
                 return []
             return self._deliver(self._ring.poll())
 
     def flush(self) -> list[dict[str, Any]]:
-        """Every row not delivered yet: waits for the device (one counted sync)."""
+        """Every row not delivered yet: waits for the device (one counted sync). With
+        ``comm``: a collective, the rows reduced across the processes (see the class)."""
         self._on_host("flush")
         with self._lock:
+            if self._comm is not None:
+                return self._flush_across()
             if self._ring is None:
                 return []
             return self._deliver(self._ring.drain())
+
+    def _flush_across(self) -> list[dict[str, Any]]:
+        """`flush` with a communicator: ONE collective gathering every process's ring."""
+        from . import distributed  # noqa: PLC0415 - only with a comm
+
+        ring, layout = self._ring, self._layout
+        if ring is None or isinstance(ring, _Closed) or layout is None:
+            raise RuntimeError("gs.MetricLog.flush(): with comm= every process must have "
+                               "recorded before flushing (and not closed its log): the flush "
+                               "is a collective")
+        ops = [self._ops.get(name, "mean") for name in layout.names]
+        for name, op, dtype in zip(layout.names, ops, layout.dtypes, strict=True):
+            if dtype.kind == "c" and op in ("max", "min"):
+                raise TypeError(f"gs.MetricLog: ops[{name!r}] is {op!r} but the column holds "
+                                f"{dtype} values, which are not ordered")
+        unknown = sorted(set(self._ops) - set(layout.names))
+        if unknown:
+            raise ValueError(f"gs.MetricLog: ops= names {unknown}, which are not columns "
+                             f"(the columns are {list(layout.names)})")
+        rank, size = _rank_and_size(self._comm)
+        backend, device = self._place[0], self._place[1]  # type: ignore[index]
+        with backend.device_context(device):
+            if backend.evaluates_on_host:  # one device op: this ring in its slot
+                mine = backend.call(lambda: backend.from_host_data(_gather_slot(
+                    np, backend.host_data(ring.state), rank, size), ring.state))
+            else:
+                mine = backend.call(_gather_slot, backend.xp, ring.state, rank, size)
+            gathered = distributed.all_reduce(mine, "sum", comm=self._comm)
+            host = (np.asarray(backend.host_data(gathered)) if backend.evaluates_on_host
+                    else np.asarray(sync.to_host(backend, gathered, "flush")))
+        words = layout.nbytes // 8
+        snapshots = [host[r * words:(r + 1) * words] for r in range(size)]
+        parsed = [layout.rows(snapshot, self._next) for snapshot in snapshots]
+        counts = [count for _, _, count in parsed]
+        if len(set(counts)) != 1:
+            raise RuntimeError(f"gs.MetricLog.flush(): the processes recorded different "
+                               f"numbers of rows (their counters, by rank: {counts}); each "
+                               "must record the same rows between flushes")
+        self._deliver([snapshots[rank]])  # this process's cursor, drops and their warning
+        rows = _reduce_rows(layout.names, layout.dtypes, ops, [found for found, _, _ in parsed])
+        if rows:
+            self._latest = rows[-1]
+        return rows
 
     def _on_host(self, what: str) -> None:
         if ledger.in_graph_body() or ledger.in_loop_body():
@@ -543,3 +611,66 @@ def _write_row(backend: Backend, state: Any, layout: RowLayout,
         data[offset:offset + dtype.itemsize] = value.reshape(1).view(np.uint8)
     data[base:base + 8] = np.array([step], np.int64).view(np.uint8)
     data[:8] = np.array([step + 1], np.int64).view(np.uint8)
+
+
+# ---- gs.MetricLog(comm=): one collective per flush ----------------------------------------
+
+
+def _comm_and_ops(comm: Any, ops: Any) -> tuple[Any, dict[str, str]]:
+    """``comm`` and ``ops`` of a `MetricLog`, checked (no device work, nothing sent)."""
+    if comm is None:
+        if ops is not None:
+            raise ValueError("gs.MetricLog: ops= reduces columns across processes; it needs "
+                             "comm=")
+        return None, {}
+    from .reduce import checked_comm  # noqa: PLC0415 - only with a comm
+
+    checked_comm(comm, "MetricLog")
+    from .distributed import OPS  # noqa: PLC0415
+
+    found = dict(ops.items()) if hasattr(ops, "items") else {} if ops is None else None
+    if found is None:
+        raise TypeError(f"gs.MetricLog: ops= must be a mapping of column names to ops, got "
+                        f"{sync.describe(ops)}")
+    for name, op in found.items():
+        if not isinstance(op, str) or op not in OPS:
+            raise ValueError(f"gs.MetricLog: ops[{name!r}] is {sync.describe(op)}; expected "
+                             f"one of {', '.join(repr(o) for o in OPS)}")
+    return comm, found
+
+
+def _rank_and_size(comm: Any) -> tuple[int, int]:
+    """This process's rank and the number of processes of the user's communicator (mpi4py's
+    ``Get_rank``/``Get_size``, NCCL's ``rank_id``/``size``; a ``cupyx.distributed``
+    backend's communicator)."""
+    if hasattr(comm, "Get_rank"):
+        return int(comm.Get_rank()), int(comm.Get_size())
+    inner = comm if hasattr(comm, "rank_id") else getattr(comm, "_comm", comm)
+    return int(inner.rank_id()), int(inner.size())
+
+
+def _gather_slot(xp: Any, state: Any, rank: int, size: int) -> Any:
+    """``size`` rings' worth of int64 zeros, this process's ring (``state``) in slot ``rank``
+    (``xp``: NumPy on host data, CuPy on the device)."""
+    words = state.view(xp.int64)
+    return xp.concatenate([xp.zeros(rank * words.size, xp.int64), words,
+                           xp.zeros((size - 1 - rank) * words.size, xp.int64)])
+
+
+def _reduce_rows(names: tuple[str, ...], dtypes: tuple[np.dtype, ...], ops: list[str],
+                 per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of every process reduced column by column, in rank order (the same on every
+    process): NumPy's reduction over the ranks, with `all_reduce`'s result dtypes."""
+    from .distributed import result_dtype  # noqa: PLC0415
+
+    reducers: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max,
+                                               "min": np.min, "prod": np.prod}
+    rows: list[dict[str, Any]] = []
+    for index, first in enumerate(per_rank[0]):
+        row: dict[str, Any] = {STEP: first[STEP]}
+        for name, dtype, op in zip(names, dtypes, ops, strict=True):
+            values = np.asarray([found[index][name] for found in per_rank], dtype=dtype)
+            keep = {"dtype": result_dtype(dtype, op)} if op in ("sum", "prod") else {}
+            row[name] = python_value(np.asarray(reducers[op](values, **keep)))
+        rows.append(row)
+    return rows

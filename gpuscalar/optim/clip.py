@@ -24,7 +24,8 @@ from .checks import check_array, describe, hyper
 __all__ = ["clip_grad_norm", "all_finite"]
 
 
-def clip_grad_norm(grads: Any, max_norm: Any, norm_type: float = 2.0) -> GPUScalar:
+def clip_grad_norm(grads: Any, max_norm: Any, norm_type: float = 2.0, *,
+                   comm: Any = None) -> GPUScalar:
     """Scale ``grads`` in place so their total ``norm_type``-norm is at most ``max_norm``.
 
     PyTorch's ``clip_grad_norm_``: the coefficient is ``min(1, max_norm / (norm + 1e-6))``,
@@ -36,7 +37,17 @@ def clip_grad_norm(grads: Any, max_norm: Any, norm_type: float = 2.0) -> GPUScal
     ``max_norm``: a number >= 0 or a GPUScalar. Device ops: the total norm
     (`gpuscalar.global_norm`) and one multiply per array (the coefficient, when lazy, computed
     inside each multiply's kernel).
+
+    ``comm``: the user's own communicator (`gpuscalar.global_norm`'s ``comm``), for sharded
+    gradients (each process holds a different part of the parameters): the total norm is the
+    norm of every process's gradients together, with ONE collective of one scalar (MPI: one
+    counted sync; NCCL: none), and every process scales its part by the same coefficient, as
+    one process clipping all the gradients would. Anything else is a TypeError naming it,
+    before any device work. (Data-parallel gradients, averaged first, are the same on every
+    process: clip them without ``comm``.)
     """
+    if comm is not None:
+        reduce.checked_comm(comm, "clip_grad_norm")
     items, single = reduce.array_items(grads, "clip_grad_norm", "grads", "gradient array")
     names = ["grads"] if single else [f"grads[{i}]" for i in range(len(items))]
     for g, what in zip(items, names, strict=True):
@@ -59,7 +70,7 @@ def clip_grad_norm(grads: Any, max_norm: Any, norm_type: float = 2.0) -> GPUScal
             f"norm_type must be a positive number or math.inf, got {describe(norm_type)}"
         )
     max_norm = hyper(max_norm, "max_norm", backend, device)
-    total = reduce.global_norm(items, ord=norm_type)
+    total = reduce.global_norm(items, ord=norm_type, comm=comm)
     # as PyTorch, the coefficient is applied in each gradient's dtype; when lazy, each multiply
     # computes it in its own kernel (no launch for the coefficient)
     coef = minimum(max_norm / (total + 1e-6), 1.0)
