@@ -111,11 +111,13 @@ def expect(array: Any, wait: Any) -> None:
 
 
 def arrive(array: Any) -> None:
-    """Wait for ``array`` if it is still being written (see `INCOMING`)."""
+    """Wait for ``array`` if it is still being written (see `INCOMING`). The entry is dropped
+    only once the wait returned, so a second thread using the array meanwhile waits too (the
+    wait function must allow that: `gpuscalar.distributed.mpi`'s is locked)."""
     entry = INCOMING.get(id(array))
     if entry is not None and entry[0]() is array:
-        INCOMING.pop(id(array), None)
         entry[1]()
+        INCOMING.pop(id(array), None)
 
 
 #: dtype kind -> the Python type a value of that kind is read as (what ``item()`` gives)

@@ -104,3 +104,35 @@ def test_threads_register_and_look_up_at_once(switch_often):
     for thread in threads:
         thread.join()
     assert not errors, errors
+
+
+def test_every_thread_using_an_incoming_array_waits_for_it():
+    """A non-blocking collective's receive buffer: whichever threads use it first, each returns
+    from `arrive` only once the data is there (the entry is dropped after the wait)."""
+    buffer = np.zeros(())
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def wait() -> None:  # as gpuscalar.distributed.mpi's: locked, completes once
+        with lock:
+            if not done.is_set():
+                done.wait(0.2)
+                buffer[...] = 7.0
+                done.set()
+
+    known.expect(buffer, wait)
+    seen: list[float] = []
+    start = threading.Barrier(4)
+
+    def use() -> None:
+        start.wait()
+        known.arrive(buffer)
+        seen.append(float(buffer))
+
+    threads = [threading.Thread(target=use) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [7.0] * 4
+    assert id(buffer) not in known.INCOMING

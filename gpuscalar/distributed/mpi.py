@@ -18,6 +18,7 @@ current stream, then MPI reads and writes the device buffers, and the read copie
 from __future__ import annotations
 
 import atexit
+import threading
 from typing import Any
 
 import numpy as np
@@ -103,8 +104,13 @@ class MpiComm:
         requests = [self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=mpi_op) for buffer in buffers]
         _outstanding(requests)
 
-        def wait() -> None:
-            MPI.Request.Waitall(requests)
+        lock = threading.Lock()
+
+        def wait() -> None:  # any thread, any number of times: the requests complete once
+            with lock:
+                if requests:
+                    MPI.Request.Waitall(requests)
+                    requests.clear()
 
         classes = _classes_for(backend)
         results: list[Any] = [None] * len(arrays)
