@@ -32,7 +32,6 @@ MAPPED: dict[str, tuple[str, str]] = {
 
 _CONFIG = "configuration or accounting, on the host: no array, no device work"
 _TYPE = "a class or exception used in annotations and isinstance checks; makes no device call"
-_SOURCE = "CUDA C source text or a constant of the generated kernels (compiled by test_kernels)"
 
 #: public names that do not touch the device, with the reason
 NOT_DEVICE: dict[str, str] = {
@@ -60,16 +59,6 @@ NOT_DEVICE: dict[str, str] = {
                       "on the recording seam (tests/test_distributed.py)",
     "gs.progress": "draws a bar from rows a MetricLog already brought to the host (the log's "
                    "own device work is covered by tests/test_cupy_metrics.py): no device call",
-    "optim.Program": _TYPE,
-    "optim.PROGRAMS": _SOURCE,
-    "optim.KERNEL_DTYPES": _SOURCE,
-    "optim.POINTER_CTYPES": _SOURCE,
-    "optim.COUNTER_READS": _SOURCE,
-    "optim.ADDRESS_CHUNK": _SOURCE,
-    "optim.ADDRESS_STRUCT": _SOURCE,
-    "optim.kernel_source": _SOURCE,
-    "optim.counter_source": _SOURCE,
-    "optim.address_table_source": _SOURCE,
     "cli profile": "runs the user's script under the sync profiler; the device work in it is "
                    "the user's and that of the gpuscalar names above",
 }

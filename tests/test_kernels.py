@@ -21,6 +21,19 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import optim
 from gpuscalar.backend import CupyBackend
+from gpuscalar.optim import executors
+from gpuscalar.optim.adam import ADAM
+from gpuscalar.optim.kernels import (
+    ADDRESS_CHUNK,
+    ADDRESS_STRUCT,
+    KERNEL_DTYPES,
+    POINTER_CTYPES,
+    address_table_source,
+    counter_source,
+    kernel_source,
+)
+from gpuscalar.optim.program import PROGRAMS
+from gpuscalar.optim.sgd import SGD_MOMENTUM, SGD_PLAIN
 
 from . import nvrtc as nv
 
@@ -57,7 +70,7 @@ def test_shipped_source_compiles(nvrtc, filename):
 VARIANTS = [
     (program, dtype, mode, has_skip)
     for program, dtype, mode, has_skip in itertools.product(
-        optim.PROGRAMS, optim.KERNEL_DTYPES, ("values", "pointers"), (False, True)
+        PROGRAMS, KERNEL_DTYPES, ("values", "pointers"), (False, True)
     )
 ]
 
@@ -68,9 +81,9 @@ VARIANTS = [
     ids=[f"{p.name}-{d}-{m}-{'skip' if s else 'noskip'}" for p, d, m, s in VARIANTS],
 )
 def test_generated_kernel_compiles(nvrtc, program, dtype, mode, has_skip):
-    pointer_dtypes = itertools.cycle(optim.POINTER_CTYPES)
+    pointer_dtypes = itertools.cycle(POINTER_CTYPES)
     kinds = [None if mode == "values" else next(pointer_dtypes) for _ in program.scalars]
-    source, name = optim.kernel_source(program, dtype, kinds, has_skip)
+    source, name = kernel_source(program, dtype, kinds, has_skip)
     ptx = _compile(nvrtc, source, f"{name}.cu")
     assert f".entry {name}" in ptx
     # Every scalar read through a pointer appears as a pointer parameter in the source.
@@ -94,7 +107,7 @@ CLASS_CONFIGS = {
     "rmsprop_centered_momentum": (optim.RMSprop, {"momentum": 0.9, "centered": True}),
     "lion": (optim.Lion, {"weight_decay": 0.1}),
 }
-CLASS_VARIANTS = list(itertools.product(CLASS_CONFIGS, optim.KERNEL_DTYPES,
+CLASS_VARIANTS = list(itertools.product(CLASS_CONFIGS, KERNEL_DTYPES,
                                         ("numbers", "gpuscalars", "pending"), (False, True)))
 
 
@@ -113,9 +126,9 @@ def _class_kernel(config: str, dtype: str, hyper: str, has_skip: bool) -> tuple[
     if hyper == "pending":  # a warm-up schedule on the live step counter; a lazy skip flag
         opt.lr = 0.01 * gs.minimum(1.0, (opt.step_count + 1) / 100) * gs.cos(opt.step_count)
         if has_skip:
-            skip = optim._route(~gs.isfinite(gs.asscalar(1.0) / opt.step_count))[0]
-    kinds = [optim._route(value)[0] for value in opt._scalars()]
-    return optim.kernel_source(opt._program, dtype, kinds, skip, multi_tensor=True)
+            skip = executors.route(~gs.isfinite(gs.asscalar(1.0) / opt.step_count))[0]
+    kinds = [executors.route(value)[0] for value in opt._scalars()]
+    return kernel_source(opt._program, dtype, kinds, skip, multi_tensor=True)
 
 
 @pytest.mark.parametrize(
@@ -146,12 +159,12 @@ def test_multi_tensor_kernel_compiles(nvrtc, config, dtype, hyper, has_skip):
 
 def test_class_variants_cover_every_program():
     programs = {_class_kernel(c, "float32", "numbers", False)[1] for c in CLASS_CONFIGS}
-    assert programs == {f"gpuscalar_{p.name}_float32_mt" for p in optim.PROGRAMS}
+    assert programs == {f"gpuscalar_{p.name}_float32_mt" for p in PROGRAMS}
 
 
 @pytest.mark.parametrize("has_skip", [False, True], ids=["noskip", "skip"])
 def test_step_counter_kernel_compiles(nvrtc, has_skip):
-    source, name = optim.counter_source(has_skip)
+    source, name = counter_source(has_skip)
     assert f".entry {name}" in _compile(nvrtc, source, f"{name}.cu")
     assert ("if (skip) return;" in source) == has_skip
     assert "*count += 1;" in source
@@ -162,7 +175,7 @@ def test_address_table_kernel_compiles(nvrtc):
     too): it compiles, and its by-value struct is exactly `ADDRESS_STRUCT` (the size-one NumPy
     array CuPy passes by value), within CUDA's 4 KB of kernel parameters with the table pointer
     and the count."""
-    source, name = optim.address_table_source()
+    source, name = address_table_source()
     ptx = _compile(nvrtc, source, f"{name}.cu")
     assert f".entry {name}" in ptx
     # PTX declares each parameter with its size in bytes: .param .u64 (table), .param .u64 (n),
@@ -170,45 +183,45 @@ def test_address_table_kernel_compiles(nvrtc):
     entry = ptx[ptx.index(f".entry {name}"):]
     params = entry[: entry.index(")")]
     assert params.count(".param .u64") == 2
-    assert f".b8 {name}_param_2[{optim.ADDRESS_STRUCT.itemsize}]" in params
-    assert optim.ADDRESS_STRUCT.itemsize == 8 * optim.ADDRESS_CHUNK
-    assert 8 + 8 + optim.ADDRESS_STRUCT.itemsize <= 4096
-    assert f"long long address[{optim.ADDRESS_CHUNK}];" in source
+    assert f".b8 {name}_param_2[{ADDRESS_STRUCT.itemsize}]" in params
+    assert ADDRESS_STRUCT.itemsize == 8 * ADDRESS_CHUNK
+    assert 8 + 8 + ADDRESS_STRUCT.itemsize <= 4096
+    assert f"long long address[{ADDRESS_CHUNK}];" in source
 
 
 @pytest.mark.parametrize("multi_tensor", [False, True], ids=["single", "multi"])
 def test_generated_kernel_prints_the_program_rules(multi_tensor):
     """The CUDA body is the Program's own rules, printed as C (no second copy of the math)."""
-    source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6, False,
+    source, _ = kernel_source(ADAM, "float32", [None] * 6, False,
                                     multi_tensor=multi_tensor)
-    for name, expression in optim.ADAM.prelude + optim.ADAM.body:
+    for name, expression in ADAM.prelude + ADAM.body:
         assert f"const T {name} = {expression};" in source
-    for array, temporary in optim.ADAM.outputs:
+    for array, temporary in ADAM.outputs:
         assert f"{array}_p[gs_i] = {temporary};" in source
 
 
 def test_counter_reads_are_inlined_in_the_prelude():
-    source, _ = optim.kernel_source(optim.ADAM, "float64", [None] * 5 + [("counter", "step")],
+    source, _ = kernel_source(ADAM, "float64", [None] * 5 + [("counter", "step")],
                                     multi_tensor=True)
     assert "const T step = (T)((*step_ptr) + 1);" in source
-    source, _ = optim.kernel_source(optim.SGD_MOMENTUM, "float32",
+    source, _ = kernel_source(SGD_MOMENTUM, "float32",
                                     [None] * 4 + [("counter", "fresh")], multi_tensor=True)
     assert "const T fresh = (T)((*fresh_ptr) == 0);" in source
 
 
 def test_kernel_source_rejects_unknown_dtype_and_kinds():
     with pytest.raises(KeyError):
-        optim.kernel_source(optim.ADAM, "float16", [None] * 6, False)
+        kernel_source(ADAM, "float16", [None] * 6, False)
     with pytest.raises(ValueError, match="unknown scalar kind"):
-        optim.kernel_source(optim.SGD_PLAIN, "float32", [None, ("mystery",)])
+        kernel_source(SGD_PLAIN, "float32", [None, ("mystery",)])
     with pytest.raises(ValueError, match="sgd has 2 scalars"):
-        optim.kernel_source(optim.SGD_PLAIN, "float32", [None])
+        kernel_source(SGD_PLAIN, "float32", [None])
 
 
 def test_compile_check_catches_a_broken_kernel(nvrtc):
     """The check can fail: a source with an undefined helper is reported, with NVRTC's log."""
     for multi_tensor in (False, True):
-        source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None], False,
+        source, name = kernel_source(SGD_PLAIN, "float32", [None, None], False,
                                            multi_tensor=multi_tensor)
         broken = source.replace("param - lr * g", "param - lr * undefined_helper(g)")
         assert broken != source

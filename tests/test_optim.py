@@ -12,6 +12,10 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import optim, sync
 from gpuscalar.lazy import rules
+from gpuscalar.optim import executors
+from gpuscalar.optim.kernels import ADDRESS_CHUNK, kernel_source
+from gpuscalar.optim.program import Program
+from gpuscalar.optim.sgd import SGD_PLAIN
 
 from .helpers import host
 
@@ -337,7 +341,7 @@ def test_two_thousand_tensors_cost_one_kernel_and_the_counter_per_step(rng):
         assert counter.count == 0
         ops.append(counter.device_ops)
     # the first step writes the gradient table: one launch per ADDRESS_CHUNK addresses
-    assert ops == [math.ceil(2000 / optim.ADDRESS_CHUNK) + 2, 2, 2]
+    assert ops == [math.ceil(2000 / ADDRESS_CHUNK) + 2, 2, 2]
     assert int(opt.step_count) == 3
     assert not np.array_equal(host(params[1999]), before)  # the last tensor was updated too
 
@@ -1197,16 +1201,16 @@ def test_numpy_and_kernel_paths_share_one_description():
     """The NumPy evaluator runs exactly the Program's rules: editing a Program's body changes
     the NumPy result, so the CUDA kernel (printed from the same nodes) cannot drift."""
     param, grad, lr, weight_decay, g = rules.symbols("param grad lr weight_decay g")
-    halved = optim.Program(
-        name="sgd_half", scalars=optim.SGD_PLAIN.scalars, arrays=optim.SGD_PLAIN.arrays,
+    halved = Program(
+        name="sgd_half", scalars=SGD_PLAIN.scalars, arrays=SGD_PLAIN.arrays,
         prelude=(), body=(("g", grad + weight_decay * param), ("p", param - lr * g / 2)),
-        outputs=optim.SGD_PLAIN.outputs,
+        outputs=SGD_PLAIN.outputs,
     )
     p = np.ones(3)
-    optim._run_program(gs.get_backend("numpy"), halved, {"lr": 1.0, "weight_decay": 0.0},
+    executors.run_program(gs.get_backend("numpy"), halved, {"lr": 1.0, "weight_decay": 0.0},
                        {"param": p, "grad": np.ones(3)}, None)
     np.testing.assert_array_equal(p, 0.5)
-    source, _ = optim.kernel_source(halved, "float64", [None, None], False)
+    source, _ = kernel_source(halved, "float64", [None, None], False)
     assert "const T p = param - lr * g / 2;" in source
 
 

@@ -39,7 +39,15 @@ from gpuscalar.backend import CUPY
 from gpuscalar.cuda import control as cuda_control
 from gpuscalar.lazy import codegen, fusion
 from gpuscalar.optim import executors
-from gpuscalar.optim.program import apply_rules
+from gpuscalar.optim.kernels import (
+    ADDRESS_CHUNK,
+    ADDRESS_STRUCT,
+    MULTI_TENSOR_CHUNK,
+    address_table_source,
+    kernel_source,
+)
+from gpuscalar.optim.program import PROGRAMS, Program, apply_rules
+from gpuscalar.optim.sgd import SGD_PLAIN
 
 from .cupy_fake import cupy_or_fail, host_view
 from .test_optim import CONFIGS, MIXED_SHAPES, Reference, rel_error
@@ -154,7 +162,7 @@ class EmulatedCuda(DeviceSeam):
         super().__init__(memory)
         self.sources: dict[str, str] = {}  # every source launched -> its kernel name
         self.native = native
-        self.max_chunk = optim.MULTI_TENSOR_CHUNK  # the longest block a multi-tensor launch has
+        self.max_chunk = MULTI_TENSOR_CHUNK  # the longest block a multi-tensor launch has
         self.xp = Inputs()
 
     def names(self) -> list[str]:
@@ -239,7 +247,7 @@ class EmulatedCuda(DeviceSeam):
                     self._memory(int(np.asarray(env[table])[tensor]), t_type, int(end))
         if name == "gpuscalar_write_addresses":  # one block; n fits the struct and the table
             n = int(env["n"])
-            assert grid == 1 and 0 < n <= optim.ADDRESS_CHUNK and n <= env["table"].size
+            assert grid == 1 and 0 < n <= ADDRESS_CHUNK and n <= env["table"].size
         if self.native is not None:
             self.native.launch(source, [(arg, want, pointer) for (_, want, pointer, _), arg
                                         in zip(params, args, strict=True)], grid, block)
@@ -260,7 +268,7 @@ class EmulatedCuda(DeviceSeam):
         if name == "gpuscalar_write_addresses":
             env["table"][:n] = env["addresses"]["address"][0, :n]
             return
-        program = next(p for p in optim.PROGRAMS
+        program = next(p for p in PROGRAMS
                        if name in (f"gpuscalar_{p.name}_{t_type.name}",
                                    f"gpuscalar_{p.name}_{t_type.name}_mt"))
         if not name.endswith("_mt"):
@@ -276,7 +284,7 @@ class EmulatedCuda(DeviceSeam):
             self._apply(program, scalars, arrays)
 
     @staticmethod
-    def _apply(program: optim.Program, scalars: dict[str, Any], arrays: dict[str, Any]) -> None:
+    def _apply(program: Program, scalars: dict[str, Any], arrays: dict[str, Any]) -> None:
         apply_rules(program, scalars, [arrays])
 
 
@@ -401,7 +409,7 @@ def test_gradient_table_is_written_from_kernel_arguments(emu, rng):
     the addresses as a size-one NumPy struct passed by value) hold the arrays' addresses, one
     launch per ADDRESS_CHUNK tensors, and never by an upload (the seam records every
     host-to-device copy: there is none)."""
-    n = 2 * optim.ADDRESS_CHUNK + 3  # three chunks, the last one short
+    n = 2 * ADDRESS_CHUNK + 3  # three chunks, the last one short
     dtypes = [np.float64 if k % 3 == 0 else np.float32 for k in range(n)]  # two dtype groups
     params = [emu.xp.asarray(rng.standard_normal(k % 4 + 1), dtype=d)
               for k, d in enumerate(dtypes)]
@@ -429,15 +437,15 @@ def test_gradient_table_is_written_from_kernel_arguments(emu, rng):
 def test_the_emulator_checks_the_address_struct(emu):
     """The argument check can fail for the struct too: addresses passed as an int64 array
     (CuPy would refuse a size-500 NumPy array), or a struct of the wrong size."""
-    source, name = optim.address_table_source()
+    source, name = address_table_source()
     table = emu.xp.zeros(4, dtype=np.int64)
-    addresses = np.arange(optim.ADDRESS_CHUNK, dtype=np.int64)
+    addresses = np.arange(ADDRESS_CHUNK, dtype=np.int64)
     with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray int64"):
         CUPY.launch_kernel(source, name, 4, [table, np.int64(4), addresses], grid=1)
-    short = np.zeros(1, np.dtype([("address", np.int64, (optim.ADDRESS_CHUNK - 1,))]))
+    short = np.zeros(1, np.dtype([("address", np.int64, (ADDRESS_CHUNK - 1,))]))
     with pytest.raises(AssertionError, match="const gs_addresses addresses got ndarray"):
         CUPY.launch_kernel(source, name, 4, [table, np.int64(4), short], grid=1)
-    CUPY.launch_kernel(source, name, 3, [table, np.int64(3), addresses.view(optim.ADDRESS_STRUCT)],
+    CUPY.launch_kernel(source, name, 3, [table, np.int64(3), addresses.view(ADDRESS_STRUCT)],
                       grid=1)
     assert host_view(table).tolist() == [0, 1, 2, 0]
 
@@ -604,7 +612,7 @@ def test_cupy_upload_is_refused_inside_a_graph_body():
 
 def test_the_emulator_rejects_a_wrongly_typed_argument(emu):
     """The argument check can fail: a float64 passed for a ``const float`` parameter."""
-    source, name = optim.kernel_source(optim.SGD_PLAIN, "float32", [None, None])
+    source, name = kernel_source(SGD_PLAIN, "float32", [None, None])
     x = emu.xp.zeros(4, dtype=np.float32)
     with pytest.raises(AssertionError, match="const T lr_val got float64"):
         CUPY.launch_kernel(source, name, 4, [np.int64(4), x, x, np.float64(0.1),
@@ -684,7 +692,7 @@ def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rn
     for it; when it does not (an operation with no fusable routine), it is evaluated first (one
     launch) and passed by pointer, and the step still runs."""
     lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
-    assert optim._route(lr)[0][0] == "pending"
+    assert executors.route(lr)[0][0] == "pending"
 
     def no_code(plan, prefix):
         raise codegen.FusionUnsupported("no fusable routine")
@@ -695,7 +703,7 @@ def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rn
     # ElementwiseKernel with memory whose values it does not compute; it computes a ufunc)
     monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
     lr = gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1
-    assert optim._route(lr)[0] == ("pointer", "float64") and lr.is_materialized
+    assert executors.route(lr)[0] == ("pointer", "float64") and lr.is_materialized
     start = rng.standard_normal(5).astype(np.float32)
     params = [emu.xp.asarray(start)]
     opt = optim.SGD(params, lr=gs.GPUScalar(emu.xp.asarray(0.5)) * 0.1)

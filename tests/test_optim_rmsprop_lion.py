@@ -239,7 +239,7 @@ def dev() -> Iterator[RecordingSeam]:
         yield seam
 
 
-@covers("optim.RMSprop", "optim.Lion", "optim.RMSPROP_PROGRAMS", "optim.LION")
+@covers("optim.RMSprop", "optim.Lion")
 @pytest.mark.parametrize("make", [
     lambda p: optim.RMSprop(p), lambda p: optim.RMSprop(p, momentum=0.9, centered=True),
     lambda p: optim.Lion(p, weight_decay=0.1),

@@ -18,15 +18,19 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import optim
 from gpuscalar.lazy import codegen, expr, rules
+from gpuscalar.optim import executors
+from gpuscalar.optim.adam import ADAM
+from gpuscalar.optim.kernels import kernel_source
+from gpuscalar.optim.lion import LION
+from gpuscalar.optim.program import COUNTER_READS, PROGRAMS, Program
 
 _INFIX = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Eq: "==", ast.NotEq: "!=",
           ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 _FUNCTIONS = {"sqrt": 1, "pow": 2, "select": 3, "minimum": 2, "maximum": 2, "sign": 1}
 
 
-def _tree_of_rule(rule: rules.Rule) -> object:
+def _tree_of_rule(rule: rules.RuleTerm) -> object:
     """The rule's node tree as nested tuples (op name, children...), leaves as their text."""
     def walk(term: object) -> object:
         if expr.is_node(term):
@@ -55,17 +59,17 @@ def _tree_of_text(text: str) -> object:
     return walk(ast.parse(text, mode="eval").body)
 
 
-def _random_rule(rng: random.Random, depth: int) -> rules.Rule | int:
+def _random_rule(rng: random.Random, depth: int) -> rules.RuleTerm | int:
     if depth == 0 or rng.random() < 0.2:
         return rng.choice([*rules.symbols("a b c d"), 0, 1, 2, -3])
     if rng.random() < 0.3:
         name = rng.choice(list(_FUNCTIONS))
         args = [_random_rule(rng, depth - 1) for _ in range(_FUNCTIONS[name])]
-        if not any(isinstance(arg, rules.Rule) for arg in args):
+        if not any(isinstance(arg, rules.RuleTerm) for arg in args):
             args[0] = rules.symbol("a")
         return getattr(rules, name)(*args)
     left, right = _random_rule(rng, depth - 1), _random_rule(rng, depth - 1)
-    if not isinstance(left, rules.Rule) and not isinstance(right, rules.Rule):
+    if not isinstance(left, rules.RuleTerm) and not isinstance(right, rules.RuleTerm):
         left = rules.symbol("b")
     op = rng.choice(list(_INFIX.values()))
     return {"+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
@@ -80,7 +84,7 @@ def test_the_c_printer_keeps_every_trees_grouping():
     rng = random.Random(16)
     for _ in range(500):
         rule = _random_rule(rng, 5)
-        if not isinstance(rule, rules.Rule):
+        if not isinstance(rule, rules.RuleTerm):
             continue
         text = codegen.c_source(rule)
         assert _tree_of_text(text) == _tree_of_rule(rule), text
@@ -105,7 +109,7 @@ def test_the_fma_barrier_is_a_parameter():
     assert codegen.c_source(a * b + c, barrier="_gs_opaque") == "_gs_opaque(_gs_opaque(a * b) + c)"
     assert codegen.c_source(rules.sqrt(a * b), barrier="_gs_opaque") == (
         "_gs_opaque(sqrt(_gs_opaque(a * b)))")
-    source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6)
+    source, _ = kernel_source(ADAM, "float32", [None] * 6)
     assert "_gs_opaque" not in source
     assert "const T m = beta1 * exp_avg + (1 - beta1) * g;" in source
 
@@ -148,7 +152,7 @@ def test_one_walk_writes_and_evaluates_every_tree():
     checked = 0
     for _ in range(200):
         rule = _random_rule(rng, 4)
-        if not isinstance(rule, rules.Rule) or not expr.is_node(rule.term):
+        if not isinstance(rule, rules.RuleTerm) or not expr.is_node(rule.term):
             continue
         sources = [(repr(leaf) if isinstance(leaf, int) else leaf, None)
                    for leaf in expr.leaves_of(rule.term)]
@@ -183,7 +187,7 @@ def test_one_walk_writes_and_evaluates_every_tree():
 def test_rules_are_lazy_nodes():
     """A Program's rules are `gpuscalar.lazy.expr` nodes made by `make_node`, the node type of
     pending GPUScalars: one expression IR for both."""
-    terms = [rule.term for program in optim.PROGRAMS for _, rule in program.prelude + program.body]
+    terms = [rule.term for program in PROGRAMS for _, rule in program.prelude + program.body]
     nodes = [term for term in terms if expr.is_node(term)]
     assert len(nodes) >= len(terms) - 2  # all but AdamW's g = grad and its like
     assert all(type(node) is expr.Node and node.op.kind == "rule" for node in nodes)
@@ -194,33 +198,33 @@ def test_rules_are_lazy_nodes():
 
 
 def test_only_kernels_that_call_a_helper_carry_it():
-    lion_source, _ = optim.kernel_source(optim.LION, "float32", [None] * 4)
-    adam_source, _ = optim.kernel_source(optim.ADAM, "float32", [None] * 6)
+    lion_source, _ = kernel_source(LION, "float32", [None] * 4)
+    adam_source, _ = kernel_source(ADAM, "float32", [None] * 6)
     assert codegen.CUDA_HELPERS["sign"] in lion_source
     assert codegen.CUDA_HELPERS["sign"] not in adam_source
-    assert optim.LION.helpers == codegen.CUDA_HELPERS["sign"] and optim.ADAM.helpers == ""
+    assert LION.helpers == codegen.CUDA_HELPERS["sign"] and ADAM.helpers == ""
 
 
 def test_a_new_program_with_maximum_runs_on_the_host_and_carries_its_helper():
     """maximum (not in the shared .cu header) works end to end: NumPy's NaN-propagating
     maximum on the host, and its CUDA twin in the kernel that calls it."""
     param, grad, lr = rules.symbols("param grad lr")
-    program = optim.Program("clamped", ("lr",), ("param", "grad"), (),
+    program = Program("clamped", ("lr",), ("param", "grad"), (),
                             (("p", rules.maximum(param - lr * grad, 0)),), (("param", "p"),))
     p = np.array([1.0, 0.1, np.nan])
-    optim._run_program(gs.get_backend("numpy"), program, {"lr": 0.5},
+    executors.run_program(gs.get_backend("numpy"), program, {"lr": 0.5},
                        {"param": p, "grad": np.array([1.0, 1.0, 1.0])}, None)
     np.testing.assert_array_equal(p, [0.5, 0.0, np.nan])
-    source, _ = optim.kernel_source(program, "float64", [None])
+    source, _ = kernel_source(program, "float64", [None])
     assert codegen.CUDA_HELPERS["maximum"] in source
     assert "const T p = maximum(param - lr * grad, 0);" in source
 
 
 def test_counter_reads_are_rules_on_both_sides():
     counter = np.asarray(np.int64(4))
-    assert rules.evaluate(optim.COUNTER_READS["step"], {"counter": counter}) == 5
-    assert not rules.evaluate(optim.COUNTER_READS["fresh"], {"counter": counter})
-    assert codegen.c_source(optim.COUNTER_READS["step"], {"counter": "(*p)"}) == "(*p) + 1"
+    assert rules.evaluate(COUNTER_READS["step"], {"counter": counter}) == 5
+    assert not rules.evaluate(COUNTER_READS["fresh"], {"counter": counter})
+    assert codegen.c_source(COUNTER_READS["step"], {"counter": "(*p)"}) == "(*p) + 1"
 
 
 def test_bad_rules_and_programs_are_refused_with_clear_errors():
@@ -234,12 +238,12 @@ def test_bad_rules_and_programs_are_refused_with_clear_errors():
     with pytest.raises(ValueError, match="must be an identifier"):
         rules.symbol("a b")
     with pytest.raises(ValueError, match=r"'p' reads b, c, not defined before it"):
-        optim.Program("bad", ("a",), ("x",), (), (("p", a + rules.symbol("c") * b),),
+        Program("bad", ("a",), ("x",), (), (("p", a + rules.symbol("c") * b),),
                       (("x", "p"),))
     with pytest.raises(ValueError, match=r"'q' reads x, not defined before it"):
-        optim.Program("bad", ("a",), ("x",), (("q", rules.symbol("x")),), (("p", a),),
+        Program("bad", ("a",), ("x",), (("q", rules.symbol("x")),), (("p", a),),
                       (("x", "p"),))
-    with pytest.raises(TypeError, match="must be a gpuscalar.lazy.rules.Rule, got str"):
-        optim.Program("bad", ("a",), ("x",), (), (("p", "a + 1"),), (("x", "p"),))
+    with pytest.raises(TypeError, match="must be a gpuscalar.lazy.rules.RuleTerm, got str"):
+        Program("bad", ("a",), ("x",), (), (("p", "a + 1"),), (("x", "p"),))
     with pytest.raises(ValueError, match=r"output \('y', 'p'\) must store"):
-        optim.Program("bad", ("a",), ("x",), (), (("p", a),), (("y", "p"),))
+        Program("bad", ("a",), ("x",), (), (("p", a),), (("y", "p"),))

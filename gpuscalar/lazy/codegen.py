@@ -352,7 +352,7 @@ def _infix_spelling(op: expr.Op, args: list[tuple[str, int]],
 
 
 def c_source(rule: Any, names: Mapping[str, str] | None = None, barrier: str | None = None) -> str:
-    """An update rule (`gpuscalar.lazy.rules.Rule`) as one C expression. ``names`` renames
+    """An update rule (`gpuscalar.lazy.rules.RuleTerm`) as one C expression. ``names`` renames
     symbols (e.g. ``counter`` to ``(*step_ptr)``); int literals print as C literals of ``T``.
     ``barrier`` is the FMA-barrier policy: None (the optimizer kernels, as in 0.2) or a function
     wrapped around every op's value, so no contraction spans two ops (as `OPAQUE` in fused

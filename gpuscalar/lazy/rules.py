@@ -3,7 +3,7 @@
 Why this module exists: an optimizer's update (``p = param - lr * g``) must run as CUDA C in a
 kernel and with NumPy on a host-evaluating backend, with the same arithmetic in the same order
 on both. Writing it twice (or as text that both sides parse) lets the two drift; so a rule is
-written once, with Python operators on `Rule` values, and recorded as `gpuscalar.lazy.expr`
+written once, with Python operators on `RuleTerm` values, and recorded as `gpuscalar.lazy.expr`
 nodes built by `make_node` (the same node type as a pending GPUScalar, ops of kind ``"rule"``).
 The package's one code generator writes them as infix C (`gpuscalar.lazy.codegen.c_source`:
 the fewest parentheses that keep the tree's grouping, the FMA-barrier policy a parameter) and
@@ -27,7 +27,7 @@ import numpy as np
 
 from . import codegen, expr
 
-__all__ = ["Rule", "symbol", "symbols", "sqrt", "pow", "select", "minimum", "maximum", "sign",
+__all__ = ["RuleTerm", "symbol", "symbols", "sqrt", "pow", "select", "minimum", "maximum", "sign",
            "evaluate", "symbols_read"]
 
 _NO_DTYPES: tuple[np.dtype, ...] = ()
@@ -41,7 +41,7 @@ class _Symbol(str):
 
 def _child(value: Any) -> Any:
     """A rule operand as a node child: a node, a `_Symbol`, or an int literal."""
-    if isinstance(value, Rule):
+    if isinstance(value, RuleTerm):
         return value.term
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(
@@ -59,28 +59,31 @@ def _key(child: Any) -> int:
                             str(child)))
 
 
-def _apply(name: str, *operands: Any) -> Rule:
+def _apply(name: str, *operands: Any) -> RuleTerm:
     """The rule applying ``name`` (an infix operator or a function of
     `gpuscalar.lazy.codegen.RULE_CALLS`) to operands."""
     children = tuple(map(_child, operands))
     op = expr.get_op("rule", name, _NO_DTYPES, _NO_DTYPES)
     size = 1 + sum(child.size for child in children if expr.is_node(child))
-    return Rule(expr.make_node(op, children, tuple(map(_key, children)), size))
+    return RuleTerm(expr.make_node(op, children, tuple(map(_key, children)), size))
 
 
-def _infix(name: str) -> tuple[Callable[[Rule, Any], Rule], Callable[[Rule, Any], Rule]]:
+_Method = Callable[["RuleTerm", Any], "RuleTerm"]
+
+
+def _infix(name: str) -> tuple[_Method, _Method]:
     """The methods of the infix operator ``name``: ``rule <name> other`` and reflected."""
 
-    def method(self: Rule, other: Any) -> Rule:
+    def method(self: RuleTerm, other: Any) -> RuleTerm:
         return _apply(name, self, other)
 
-    def reflected(self: Rule, other: Any) -> Rule:
+    def reflected(self: RuleTerm, other: Any) -> RuleTerm:
         return _apply(name, other, self)
 
     return method, reflected
 
 
-class Rule:
+class RuleTerm:
     """One per-element value of an update rule: a symbol, or operations on rules and int
     literals recorded as nodes (``+ - * /`` and comparisons; `sqrt`, `pow`, `select`,
     `minimum`, `maximum` and `sign` below). ``str(rule)`` is its C text."""
@@ -107,52 +110,52 @@ class Rule:
         return codegen.c_source(self)
 
     def __repr__(self) -> str:
-        return f"Rule({codegen.c_source(self)})"
+        return f"RuleTerm({codegen.c_source(self)})"
 
 
-def symbol(name: str) -> Rule:
+def symbol(name: str) -> RuleTerm:
     """The rule reading the kernel's value ``name`` (an array element, a scalar, a temporary)."""
     if not name.isidentifier():
         raise ValueError(f"a rule symbol must be an identifier, got {name!r}")
-    return Rule(_Symbol(name))
+    return RuleTerm(_Symbol(name))
 
 
-def symbols(names: str) -> tuple[Rule, ...]:
+def symbols(names: str) -> tuple[RuleTerm, ...]:
     """`symbol` of each whitespace-separated name: ``lr, g = symbols("lr g")``."""
     return tuple(map(symbol, names.split()))
 
 
-def sqrt(x: Any) -> Rule:
+def sqrt(x: Any) -> RuleTerm:
     """Square root (C ``sqrt``, NumPy ``sqrt``)."""
     return _apply("sqrt", x)
 
 
-def pow(x: Any, y: Any) -> Rule:  # noqa: A001 - the C name the kernel calls
+def pow(x: Any, y: Any) -> RuleTerm:  # noqa: A001 - the C name the kernel calls
     """``x`` to the power ``y`` (C ``pow``, NumPy ``power``)."""
     return _apply("pow", x, y)
 
 
-def select(condition: Any, if_true: Any, if_false: Any) -> Rule:
+def select(condition: Any, if_true: Any, if_false: Any) -> RuleTerm:
     """``if_true`` where ``condition`` holds, else ``if_false`` (NumPy ``where``)."""
     return _apply("select", condition, if_true, if_false)
 
 
-def minimum(x: Any, y: Any) -> Rule:
+def minimum(x: Any, y: Any) -> RuleTerm:
     """The smaller of two values, NaN propagating (NumPy ``minimum``)."""
     return _apply("minimum", x, y)
 
 
-def maximum(x: Any, y: Any) -> Rule:
+def maximum(x: Any, y: Any) -> RuleTerm:
     """The larger of two values, NaN propagating (NumPy ``maximum``)."""
     return _apply("maximum", x, y)
 
 
-def sign(x: Any) -> Rule:
+def sign(x: Any) -> RuleTerm:
     """-1, 0 or 1 by the sign of ``x``, NaN staying NaN (NumPy ``sign``)."""
     return _apply("sign", x)
 
 
-def evaluate(rule: Rule, values: Mapping[str, Any]) -> Any:
+def evaluate(rule: RuleTerm, values: Mapping[str, Any]) -> Any:
     """``rule`` with NumPy, elementwise, by the one host evaluator (`expr.evaluate`): each
     node's ufunc on its operands, in the tree's order. ``values`` maps each symbol to its value
     (arrays and NumPy scalars of the kernel's dtype); int literals stay Python ints (weak, as C
@@ -162,7 +165,7 @@ def evaluate(rule: Rule, values: Mapping[str, Any]) -> Any:
                          lambda leaf: values[leaf] if isinstance(leaf, _Symbol) else leaf)
 
 
-def symbols_read(rule: Rule) -> frozenset[str]:
+def symbols_read(rule: RuleTerm) -> frozenset[str]:
     """The names of the symbols ``rule`` reads."""
     leaves = expr.leaves_of(rule.term) if expr.is_node(rule.term) else [rule.term]
     return frozenset(str(leaf) for leaf in leaves if isinstance(leaf, _Symbol))

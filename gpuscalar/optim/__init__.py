@@ -19,63 +19,48 @@ One file per idea (this module only re-exports):
   clip.py          `clip_grad_norm`, `all_finite`
   adam.py, sgd.py, rmsprop.py, lion.py   one algorithm each: Programs, class, functional step
 A new optimizer is one file plus one import line here (its Programs `register` themselves, so
-the kernel tests compile them). ``Program``, ``PROGRAMS`` and ``kernel_source`` describe the
-generated kernels, not the optimizers' API; ``_route``, ``_run_program`` and the
-``MULTI_TENSOR_*`` constants stay importable here for the tests and benchmarks.
+the kernel tests compile them). This module exports only what a user calls: the optimizer
+classes, their functional steps, `clip_grad_norm`, `all_finite` and `Optimizer` (the base a
+user subclasses or type-annotates with). The generated kernels' description (``Program``, the
+Programs ``ADAM``/``SGD_*``/``LION``/``RMSPROP_PROGRAMS``, ``PROGRAMS``, ``kernel_source``,
+the ``ADDRESS_*``/``MULTI_TENSOR_*`` constants, ``route``, ``run_program``) is imported from
+its own module (``program``, ``kernels``, ``executors``, ``adam``, ...); the names this
+module exported before the split stay importable here, outside ``__all__``.
 """
 
 from __future__ import annotations
 
-from .adam import ADAM, ADAMW, Adam, AdamW, adam_step
+# Besides the names in __all__: the kernel internals this module exported before the split
+# (Programs, kernel sources and constants), outside __all__, importable here for older code
+# (tests/test_optim_layout.py); new code imports them from their own modules.
+from .adam import ADAM, ADAMW, Adam, AdamW, adam_step  # noqa: F401
 from .base import Optimizer
 from .clip import all_finite, clip_grad_norm
-from .executors import route as _route  # noqa: F401
-from .executors import run_program as _run_program  # noqa: F401
 from .kernels import (  # noqa: F401
     ADDRESS_CHUNK,
     ADDRESS_STRUCT,
     KERNEL_DTYPES,
-    MULTI_TENSOR_BLOCK,
-    MULTI_TENSOR_CHUNK,
-    MULTI_TENSOR_ILP,
     POINTER_CTYPES,
     address_table_source,
     counter_source,
     kernel_source,
 )
-from .lion import LION, Lion, lion_step
-from .program import COUNTER_READS, PROGRAMS, Program
-from .rmsprop import RMSPROP_PROGRAMS, RMSprop, rmsprop_step
-from .sgd import SGD, SGD_MOMENTUM, SGD_NESTEROV, SGD_PLAIN, sgd_step
+from .lion import LION, Lion, lion_step  # noqa: F401
+from .program import COUNTER_READS, PROGRAMS, Program  # noqa: F401
+from .rmsprop import RMSPROP_PROGRAMS, RMSprop, rmsprop_step  # noqa: F401
+from .sgd import SGD, SGD_MOMENTUM, SGD_NESTEROV, SGD_PLAIN, sgd_step  # noqa: F401
 
 __all__ = [
-    "Program",
-    "ADAM",
-    "ADAMW",
-    "SGD_PLAIN",
-    "SGD_MOMENTUM",
-    "SGD_NESTEROV",
-    "PROGRAMS",
-    "KERNEL_DTYPES",
-    "POINTER_CTYPES",
-    "COUNTER_READS",
-    "kernel_source",
-    "counter_source",
-    "address_table_source",
-    "ADDRESS_CHUNK",
-    "ADDRESS_STRUCT",
-    "adam_step",
-    "sgd_step",
-    "clip_grad_norm",
-    "all_finite",
     "Optimizer",
     "Adam",
     "AdamW",
     "SGD",
     "RMSprop",
     "Lion",
+    "adam_step",
+    "sgd_step",
     "rmsprop_step",
     "lion_step",
-    "RMSPROP_PROGRAMS",
-    "LION",
+    "clip_grad_norm",
+    "all_finite",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..lazy import codegen, expr, rules
-from ..lazy.rules import Rule
+from ..lazy.rules import RuleTerm
 
 __all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "VALUE",
            "CounterRead", "evaluate_host", "host_scalar", "apply_rules"]
@@ -28,7 +28,7 @@ __all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "VA
 _counter = rules.symbol("counter")
 #: What a class kernel computes from the live step counter ``counter`` (an int64 read on the
 #: device): Adam's 1-based step, and SGD's "no history yet" flag.
-COUNTER_READS: dict[str, Rule] = {"step": _counter + 1, "fresh": _counter == 0}
+COUNTER_READS: dict[str, RuleTerm] = {"step": _counter + 1, "fresh": _counter == 0}
 
 
 @dataclass(frozen=True, eq=False)  # identity: a kernel-cache key hashed on every step
@@ -46,8 +46,8 @@ class Program:
     name: str
     scalars: tuple[str, ...]
     arrays: tuple[str, ...]
-    prelude: tuple[tuple[str, Rule], ...]
-    body: tuple[tuple[str, Rule], ...]
+    prelude: tuple[tuple[str, RuleTerm], ...]
+    body: tuple[tuple[str, RuleTerm], ...]
     outputs: tuple[tuple[str, str], ...]
     helpers: str = field(init=False, default="")
 
@@ -57,9 +57,9 @@ class Program:
             if part == "body":
                 known.update(self.arrays)
             for name, rule in entries:
-                if not isinstance(rule, Rule):
+                if not isinstance(rule, RuleTerm):
                     raise TypeError(f"Program {self.name!r}: {part} entry {name!r} must be a "
-                                    f"gpuscalar.lazy.rules.Rule, got {type(rule).__name__}")
+                                    f"gpuscalar.lazy.rules.RuleTerm, got {type(rule).__name__}")
                 unknown = sorted(rules.symbols_read(rule) - known)
                 if unknown:
                     raise ValueError(f"Program {self.name!r}: {part} entry {name!r} reads "
