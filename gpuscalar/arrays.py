@@ -175,9 +175,10 @@ def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: An
 #: and dtype) -> (backend, the keywords that pin the parity loop, the GPUScalar operands'
 #: positions, the arrays'), for array operations whose operands all live on one backend:
 #: `apply_ufunc`'s decision, made once per kinds (values never enter it; devices are checked
-#: per call). Bounded by the kinds a program combines.
+#: per call), and whether a fold of one pending scalar goes straight to CuPy's fused launch
+#: (`fusion.fold_on_cupy`). Bounded by the kinds a program combines.
 _ARRAY_CALLS: dict[tuple[Any, ...], tuple[Backend, dict[str, Any], tuple[int, ...],
-                                          tuple[int, ...]]] = {}
+                                          tuple[int, ...], bool]] = {}
 
 
 def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
@@ -209,7 +210,8 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
         if found is None:
             return _MISSING
         _ARRAY_CALLS[tuple(key)] = found
-    backend, keywords, scalars, arrays = found
+    backend, keywords, scalars, arrays, fold = found
+    device = None
     if backend.multi_device:  # rule 5, per call: one device
         device, device_of = operands[scalars[0]]._device, backend.device_of
         for i in scalars[1:]:
@@ -220,6 +222,15 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
                 _check_devices(backend, operands)
     if out is not None:
         keywords = {**keywords, "out": out}
+    if fold:  # one GPUScalar on CuPy, keywords CuPy's fused kernel implements
+        scalar = operands[scalars[0]]
+        node = scalar._node  # read once: another thread may materialize it
+        if node is not None and node[SIZE] <= KEEP_NODES:  # (a kept one: `_fused`)
+            result = fusion.fold_on_cupy(name, list(operands), keywords, scalars[0], node,
+                                         device)
+            if result is not NotImplemented:
+                scalar._used = True
+                return result
     return _launch(backend, name, operands, keywords, None if out is None else (out,), scalars)
 
 
@@ -240,7 +251,9 @@ def _decide_array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
     keywords = _loop_keywords(backend, name, tuple(map(_stand_in, operands)), outs)
     scalars = tuple(i for i, op in enumerate(operands) if type(op) in _SCALAR_CLASSES)
     arrays = tuple(i for i, op in enumerate(operands) if backend.owns(op))
-    return backend, keywords, scalars, arrays
+    fold = (len(scalars) == 1 and isinstance(fusion.executor_for(backend), fusion.CupyExecutor)
+            and fusion.cupy_fuses_keywords({**keywords, "out": None}))
+    return backend, keywords, scalars, arrays, fold
 
 
 def _loop_keywords(backend: Backend, name: str, stand_ins: tuple[Any, ...],

@@ -45,7 +45,7 @@ from . import codegen, expr
 from .expr import DEFAULT_CACHE_SIZE, KEY, BoundedCache, cache_size, set_cache_size
 
 __all__ = ["Executor", "HostExecutor", "CupyExecutor", "executor_for", "materialize", "unpack",
-           "PACK_SLOT", "pack_values",
+           "PACK_SLOT", "pack_values", "fold_on_cupy",
            "fused_ufunc", "DEFAULT_CACHE_SIZE", "kernel_count", "eager_cupy_op", "dtype_pins_loop",
            "cupy_fuses_keywords", "BoundedCache", "cache_size", "set_cache_size"]
 
@@ -541,12 +541,16 @@ _NO_PLAN = object()  # a plan not cached (a cached plan may be None: CuPy cannot
 
 
 def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
-                   pending: dict[int, expr.Node], keep: frozenset[int]) -> Any:
+                   pending: dict[int, expr.Node], keep: frozenset[int],
+                   device: object = None) -> Any:
     """The fused launch on CuPy, or NotImplemented where CuPy has no fusable routine (or an
     output partly overlaps an input). Everything decided from the operands' kinds and dtypes
     (CuPy's routine, the kernel, the outputs' dtypes, which scalars are kept) is one cached
     plan, keyed by exactly what it was decided from: a repeated fold is one lookup and the
-    launch. Only values are looked at per call: leaves, overlaps, the device, the shape."""
+    launch. Only values are looked at per call: leaves, overlaps, the device, the shape.
+    ``device``: the device every operand is on where the caller checked it (rule 5), else
+    None (the device of the first array argument); made current for the launch where it is
+    not already."""
     out = kwargs.get("out")
     outs = () if out is None else (out if type(out) is tuple else (out,))
     key: list[Any] = [name, kwargs.get("dtype")]
@@ -580,7 +584,12 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     if plan is None:
         return NotImplemented
     kernel, out_dtypes, kept_dtypes, device_index = plan
-    with backend.device_context(backend.device_of(args[device_index])):
+    if device is None:
+        device = backend.device_of(args[device_index])
+    if not kept_dtypes and device == CUPY.seam.current_device():  # (the common fold)
+        result = backend.call(kernel, *args, *outs)
+        return (result if out is None else out), {}
+    with backend.device_context(device):
         if not kept_dtypes:
             result = backend.call(kernel, *args, *outs)
             return (result if out is None else out), {}
@@ -593,6 +602,22 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     result = result[:len(out_dtypes)]
     result = result[0] if len(result) == 1 else tuple(result)
     return (result if out is None else out), kept
+
+
+def fold_on_cupy(name: str, operands: list[Any], kwargs: dict[str, Any], position: int,
+                 root: expr.Node, device: object) -> Any:
+    """`fused_ufunc` on CuPy for the common fold, called by `gpuscalar.arrays` once its cached
+    decision said CuPy fuses these keywords: ONE pending scalar (at ``position``, its node
+    ``root``, not kept) on ``device`` (checked by the caller). The result, or NotImplemented
+    where the general path must decide (no fusable routine, an overlap, a churning structure:
+    nothing was launched)."""
+    found = _fused_on_cupy(CUPY, name, operands, kwargs, {position: root}, _NO_KEEP, device)
+    if found is NotImplemented or found is _SPLITS:
+        return NotImplemented
+    return found[0]
+
+
+_NO_KEEP: frozenset[int] = frozenset()
 
 
 def _make_plan(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
