@@ -204,12 +204,13 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
         if type(out) in scalar_classes or getattr(out, "dtype", None) is None:
             return _MISSING
         key += (_OUT, type(out), out.dtype)
-    found = _ARRAY_CALLS.get(tuple(key))
+    call_key = tuple(key)
+    found = _ARRAY_CALLS.get(call_key)
     if found is None:
         found = _decide_array_call(name, operands, out)
         if found is None:
             return _MISSING
-        _ARRAY_CALLS[tuple(key)] = found
+        _ARRAY_CALLS[call_key] = found
     backend, keywords, scalars, arrays, fold = found
     device = None
     if backend.multi_device:  # rule 5, per call: one device
@@ -226,7 +227,7 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
         scalar = operands[scalars[0]]
         node = scalar._node  # read once: another thread may materialize it
         if node is not None and node[SIZE] <= KEEP_NODES:  # (a kept one: `_fused`)
-            result = fusion.fold_on_cupy(name, list(operands), keywords, scalars[0], node,
+            result = fusion.fold_on_cupy(call_key, name, operands, keywords, scalars[0], node,
                                          device)
             if result is not NotImplemented:
                 scalar._used = True
@@ -252,7 +253,8 @@ def _decide_array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
     scalars = tuple(i for i, op in enumerate(operands) if type(op) in _SCALAR_CLASSES)
     arrays = tuple(i for i, op in enumerate(operands) if backend.owns(op))
     fold = (len(scalars) == 1 and isinstance(fusion.executor_for(backend), fusion.CupyExecutor)
-            and fusion.cupy_fuses_keywords({**keywords, "out": None}))
+            and fusion.cupy_fuses_keywords({**keywords, "out": None})
+            and not any(type(op) is int for op in operands))  # (CuPy: int64 or uint64)
     return backend, keywords, scalars, arrays, fold
 
 

@@ -34,7 +34,7 @@ nodes, the same bits in a few more ops, while repeating shapes cost what they al
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -604,23 +604,45 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     return (result if out is None else out), kept
 
 
-def fold_on_cupy(name: str, operands: list[Any], kwargs: dict[str, Any], position: int,
-                 root: expr.Node, device: object) -> Any:
+def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
+                 position: int, root: expr.Node, device: object) -> Any:
     """`fused_ufunc` on CuPy for the common fold, called by `gpuscalar.arrays` once its cached
-    decision said CuPy fuses these keywords: ONE pending scalar (at ``position``, its node
-    ``root``, not kept) on ``device`` (checked by the caller). The result, or NotImplemented
-    where the general path must decide (no fusable routine, an overlap, a churning structure:
-    nothing was launched)."""
-    found = _fused_on_cupy(CUPY, name, operands, kwargs, {position: root}, _NO_KEEP, device)
-    if found is NotImplemented or found is _SPLITS:
+    decision (``key``: the ufunc, each operand's kind and dtype, no Python int, the output's)
+    said CuPy fuses these keywords: ONE pending scalar (at ``position``, its node ``root``, not
+    kept) on ``device`` (checked by the caller). Its plan is `_fused_on_cupy`'s, keyed by
+    ``key`` and the structure (they determine `_fused_on_cupy`'s key). The result, or
+    NotImplemented where the general path must decide (no fusable routine, an overlap, a
+    churning structure: nothing was launched)."""
+    args = [*operands[:position], *expr.leaves_of(root), *operands[position + 1:]]
+    out = kwargs.get("out")
+    outs = () if out is None else (out,)
+    if outs and _any_overlap(outs, args, CUPY.xp.ndarray):
+        return NotImplemented  # partial overlap: the general path copies inputs first
+    plan_key = (key, root[KEY])
+    plan = _PLANS.hit(plan_key, _NO_PLAN)
+    if plan is _NO_PLAN:
+        pending = {position: root}
+        if _any_splits(pending):
+            return NotImplemented
+        plan = _PLANS.get(plan_key, _make_plan, CUPY, name, operands, kwargs, pending, _NO_KEEP,
+                          outs, args)
+    if plan is None:
         return NotImplemented
-    return found[0]
+    kernel = plan[0]
+    if device is None:
+        device = CUPY.device_of(args[plan[3]])
+    if device == CUPY.seam.current_device():
+        result = CUPY.call(kernel, *args, *outs)
+    else:
+        with CUPY.device_context(device):
+            result = CUPY.call(kernel, *args, *outs)
+    return result if out is None else out
 
 
 _NO_KEEP: frozenset[int] = frozenset()
 
 
-def _make_plan(backend: Backend, name: str, operands: list[Any], kwargs: dict[str, Any],
+def _make_plan(backend: Backend, name: str, operands: Sequence[Any], kwargs: dict[str, Any],
                pending: dict[int, expr.Node], keep: frozenset[int], outs: tuple,
                args: list[Any]) -> tuple | None:
     """What `_fused_on_cupy` decides once per key: (kernel, output dtypes, (position, dtype)
