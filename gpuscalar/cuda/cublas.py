@@ -169,14 +169,92 @@ def _check(name: str, status: int) -> None:
         raise CublasError(f"{name} failed: {label}")
 
 
-def call(name: str, *args: Any) -> None:
-    """Call cuBLAS function ``name`` (declared in the signature table); raise on failure."""
+#: address -> its ``c_void_p``: the pointers a product passes recur (handles, constants, pooled
+#: buffers), and an immutable wrapper made once is passed again; emptied when it holds too many
+_POINTERS: dict[int, Any] = {}
+_POINTERS_KEPT = 4096
+
+
+def _pointer(address: int) -> Any:
+    if len(_POINTERS) >= _POINTERS_KEPT:
+        _POINTERS.clear()
+    found = _POINTERS[address] = _P(address)
+    return found
+
+
+# The products' calls without ctypes' per-argument declarations (half the host instructions
+# of a declared call): each pointer passed as its c_void_p, each 64-bit integer as a
+# c_longlong, each int as a C int, as the declarations would convert them.
+
+def _gemm(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
+          alpha: int, a: int, lda: int, b: int, ldb: int, beta: int, c: int, ldc: int) -> int:
+    get = _POINTERS.get
+    return int(function(get(handle) or _pointer(handle), transa, transb, m, n, k,
+                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
+                        get(b) or _pointer(b), ldb, get(beta) or _pointer(beta),
+                        get(c) or _pointer(c), ldc))
+
+
+def _gemv(function: Any, handle: int, trans: int, m: int, n: int, alpha: int, a: int, lda: int,
+          x: int, incx: int, beta: int, y: int, incy: int) -> int:
+    get = _POINTERS.get
+    return int(function(get(handle) or _pointer(handle), trans, m, n,
+                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
+                        get(x) or _pointer(x), incx, get(beta) or _pointer(beta),
+                        get(y) or _pointer(y), incy))
+
+
+def _gemm_batched(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
+                  alpha: int, a: int, lda: int, stridea: int, b: int, ldb: int, strideb: int,
+                  beta: int, c: int, ldc: int, stridec: int, batch: int) -> int:
+    get = _POINTERS.get
+    return int(function(get(handle) or _pointer(handle), transa, transb, m, n, k,
+                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda, _L(stridea),
+                        get(b) or _pointer(b), ldb, _L(strideb), get(beta) or _pointer(beta),
+                        get(c) or _pointer(c), ldc, _L(stridec), batch))
+
+
+_CONVERTERS: dict[tuple[Any, ...], Callable[..., int]] = {
+    _GEMM: _gemm, _GEMV: _gemv, _GEMM_BATCHED: _gemm_batched}
+#: name -> how `call` calls it: (the declared function, its argument count, and for a product
+#: the same symbol undeclared with the converter that calls it, else None twice)
+_ROUTES: dict[str, tuple[Any, int, Any, Any]] = {}
+
+
+def _route(name: str) -> tuple[Any, int, Any, Any]:
     if name not in _SIGNATURES:
         raise ValueError(f"gpuscalar.cuda.cublas does not bind {name!r}")
     argtypes = _SIGNATURES[name]
-    if len(args) != len(argtypes):
-        raise TypeError(f"{name} takes {len(argtypes)} arguments, got {len(args)}")
-    _check(name, getattr(library(), name)(*args))
+    loaded = library()
+    converter = _CONVERTERS.get(argtypes)
+    undeclared = None
+    if converter is not None:
+        undeclared = loaded._FuncPtr((name, loaded))  # the same symbol, no argtypes
+        undeclared.restype = _I
+    route = _ROUTES[name] = (getattr(loaded, name), len(argtypes), undeclared, converter)
+    return route
+
+
+def call(name: str, *args: Any) -> None:
+    """Call cuBLAS function ``name`` (declared in the signature table); raise on failure.
+
+    A product's call (gemm, gemv, gemmStridedBatched: Python ints, as `gs.matmul` passes
+    them) goes through its converter (`_gemm`, ...), which passes the same values without
+    ctypes' per-argument conversion (a pointer that is not an int raises ``TypeError``, an int
+    argument that is not one ``ctypes.ArgumentError``); any other call through the declared
+    function, which converts its arguments or refuses them (``ctypes.ArgumentError``)."""
+    route = _ROUTES.get(name)
+    if route is None:
+        route = _route(name)
+    declared, count, undeclared, converter = route
+    if len(args) != count:
+        raise TypeError(f"{name} takes {count} arguments, got {len(args)}")
+    if converter is not None:
+        status = converter(undeclared, *args)
+    else:
+        status = declared(*args)
+    if status:
+        _check(name, status)
 
 
 def version() -> tuple[int, int, int]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import ledger, sparse, sync
 from ..backend import CUPY, Backend, backend_of
+from ..lazy.expr import BoundedCache
 from ..scalar import GPUScalar, _array_of, asscalar
 from . import cublas, products
 
@@ -223,6 +224,26 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
     and `gs.while_loop`/`gs.cond` bodies; on NumPy and the strict device, ``np.matmul`` (one
     device op). ``a`` may be a CSR sparse matrix and ``b`` a vector: that is `gs.spmv`.
     """
+    if alpha is None and beta is None:  # the hot path: a product seen before, one lookup
+        try:
+            if out is None:
+                key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b),
+                                        b.shape, b.strides, b.dtype)
+            else:
+                key = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides,
+                       b.dtype, type(out), out.shape, out.strides, out.dtype)
+            found = _PLANS.hit(key)
+        except (AttributeError, TypeError):  # not arrays: `_matmul` says what is wrong
+            pass
+        else:
+            if found is not None:
+                return _run(found, a, b, out)
+    return _matmul(a, b, out, alpha, beta)
+
+
+def _matmul(a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
+    """`matmul` checking everything (a product not planned yet, or with alpha/beta); a CuPy
+    product of one dtype with default alpha/beta leaves its plan for the next call."""
     if sparse.is_sparse(a):
         if alpha is not None or beta is not None:
             raise TypeError("gs.matmul: alpha and beta are not supported with a sparse matrix; "
@@ -251,11 +272,122 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
     if call.k == 0 or 0 in shape:  # cuBLAS may return early without writing the output
         return _empty_sum(backend, device, shape, dtype, out, None if beta is None else
                           beta_scalar)
+    if alpha is None and beta is None and a.dtype == b.dtype:  # (no operand converted)
+        key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape,
+                                b.strides, b.dtype)
+        if out is not None:
+            key += (type(out), out.shape, out.strides, out.dtype)
+        _PLANS.get(key, _Plan, call, shape, dtype, a, b)
     if out is None:
         with backend.device_context(device):
             out = backend.xp.empty(shape, dtype=dtype)
     _launch(backend, call, a, b, out, alpha_scalar, beta_scalar)
     return out
+
+
+#: (type, shape, strides and dtype of a, of b, and of out where given) -> the `_Plan` of a CuPy
+#: product with default alpha/beta, decided and checked once by `_matmul`
+_PLANS = BoundedCache()
+
+
+class _Plan:
+    """What `_matmul` decided for one kind of CuPy product, so that a repeated product is one
+    lookup and the cuBLAS call (`_run`): the routine's name, its arguments that do not change
+    (all but the handle and the pointers), and the byte ranges of a and b relative to their
+    data pointers (for the overlap check with out, the one check left that depends on values).
+    """
+
+    __slots__ = ("shape", "dtype", "routine", "kind", "x_is_b", "head", "mid", "tail",
+                 "a_range", "b_range", "last")
+
+    def __init__(self, call: BlasCall, shape: tuple[int, ...], dtype: np.dtype, a: Any,
+                 b: Any) -> None:
+        self.shape, self.dtype = shape, dtype
+        letter = _LETTERS[dtype]
+        self.x_is_b = call.x_is == "b"
+        if call.routine == "gemm":
+            self.kind, self.routine = 0, f"cublas{letter}gemm_v2"
+            self.head: tuple[int, ...] = (call.transx, call.transy, call.m, call.n, call.k)
+            self.mid: tuple[int, ...] = (call.ldx,)
+            self.tail: tuple[int, ...] = (call.ldy,)
+            self.last: tuple[int, ...] = (call.ldc,)
+        elif call.routine == "gemm_batched":
+            self.kind, self.routine = 1, f"cublas{letter}gemmStridedBatched"
+            self.head = (call.transx, call.transy, call.m, call.n, call.k)
+            self.mid, self.tail = (call.ldx, call.stridex), (call.ldy, call.stridey)
+            self.last = (call.ldc, call.stridec, call.batch)
+        else:
+            self.kind, self.routine = 2, f"cublas{letter}gemv_v2"
+            self.head = (call.transx, call.m, call.n)
+            self.mid, self.tail = (call.ldx,), (call.incx,)
+            self.last = (call.incy,)
+        self.a_range, self.b_range = _relative_extent(a), _relative_extent(b)
+
+
+def _relative_extent(array: Any) -> tuple[int, int]:
+    """The byte range of a non-empty array's elements, relative to its data pointer."""
+    start = end = 0
+    for length, stride in zip(array.shape, array.strides, strict=True):
+        if stride < 0:
+            start += (length - 1) * stride
+        else:
+            end += (length - 1) * stride
+    return start, end + array.itemsize
+
+
+def _run(plan: _Plan, a: Any, b: Any, out: Any) -> Any:
+    """A planned CuPy product: the per-call checks (devices, out's overlap), then the cuBLAS
+    call with default alpha/beta, as `_matmul` would make it."""
+    a_data, b_data = a.data, b.data
+    device = a_data.device_id
+    if b_data.device_id != device:
+        raise ValueError(f"gs.matmul: a is on device {device!r} but b on "
+                         f"{b_data.device_id!r}")
+    a_ptr, b_ptr = a_data.ptr, b_data.ptr
+    seam = CUPY.seam
+    with seam.device_context(device):
+        if out is None:
+            out = CUPY.xp.empty(plan.shape, dtype=plan.dtype)
+            out_ptr = out.data.ptr
+        else:
+            out_data = out.data
+            if out_data.device_id != device:
+                raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
+                                 f"{device!r}")
+            out_ptr = out_data.ptr
+            size = out.nbytes
+            for ptr, (lo, hi), what in ((a_ptr, plan.a_range, "a"), (b_ptr, plan.b_range, "b")):
+                if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
+                    raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
+                                     "read it while writing it); pass a separate out")
+        stream = seam.current_stream()
+        handle = _HANDLES.get((device, stream.ptr))
+        if handle is None:
+            handle = _new_handle(CUPY, (device, stream.ptr), stream)
+        if not handle.recorded and stream.is_capturing():
+            handle.recorded = True  # a graph now reads its workspace: see _stream_gone
+        defaults = _DEFAULTS.get((device, plan.dtype))
+        if defaults is None:
+            defaults = _defaults(device, plan.dtype)
+        one, zero = defaults[0], defaults[1]
+        x_ptr, y_ptr = (b_ptr, a_ptr) if plan.x_is_b else (a_ptr, b_ptr)
+        sync.note_device_op()  # one cuBLAS launch
+        with handle.lock:
+            seam.blas(plan.routine, handle.value, *plan.head, one, x_ptr, *plan.mid, y_ptr,
+                      *plan.tail, zero, out_ptr, *plan.last)
+    return out
+
+
+#: (device, dtype) -> the data pointers of the constants 1 and 0 (`_device_constant`), and the
+#: arrays holding them
+_DEFAULTS: dict[tuple[Any, np.dtype], tuple[int, int, Any, Any]] = CUPY.seam_cache({})
+
+
+def _defaults(device: object, dtype: np.dtype) -> tuple[int, int, Any, Any]:
+    one = _device_constant(CUPY, device, dtype, 1.0)
+    zero = _device_constant(CUPY, device, dtype, 0.0)
+    found = _DEFAULTS[(device, dtype)] = (one.data.ptr, zero.data.ptr, one, zero)
+    return found
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
