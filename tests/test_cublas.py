@@ -78,3 +78,55 @@ def test_the_library_matches_cupys_cuda_version(library):
                                              ("/usr/lib/libcublas.so", None)])
 def test_the_cuda_major_of_a_library_file(name, major):
     assert cublas._major_of(name) == major
+
+
+class _Recorder:
+    """A stand-in for an undeclared cuBLAS function: keeps the arguments ctypes would pass."""
+
+    def __init__(self) -> None:
+        self.args: tuple = ()
+
+    def __call__(self, *args):
+        self.args = args
+        return 0
+
+
+def _values(args):
+    return [a.value if isinstance(a, (ctypes.c_void_p, ctypes.c_longlong)) else a for a in args]
+
+
+@pytest.mark.parametrize(("converter", "signature"), [
+    (cublas._gemm, cublas._GEMM), (cublas._gemv, cublas._GEMV),
+    (cublas._gemm_batched, cublas._GEMM_BATCHED)])
+def test_a_products_undeclared_call_passes_what_its_declaration_would(converter, signature):
+    """The products' calls skip ctypes' per-argument conversion: each pointer goes as a
+    c_void_p (the same object for the same address), each 64-bit integer as a c_longlong,
+    each int as itself, and the values are the arguments given."""
+    args = tuple(0x7F0000001000 + 256 * i if kind is ctypes.c_void_p else i + 1
+                 for i, kind in enumerate(signature))
+    function = _Recorder()
+    assert converter(function, *args) == 0
+    passed = function.args
+    assert _values(passed) == list(args)
+    for kind, value in zip(signature, passed, strict=True):
+        assert type(value) is (int if kind is ctypes.c_int else kind)
+    first = passed
+    converter(function, *args)
+    assert all(a is b for a, b, kind in zip(first, function.args, signature, strict=True)
+               if kind is ctypes.c_void_p)
+
+
+def test_the_pointer_wrappers_are_bounded():
+    for address in range(1, cublas._POINTERS_KEPT + 10):
+        cublas._pointer(address * 16)
+    assert len(cublas._POINTERS) <= cublas._POINTERS_KEPT
+
+
+def test_a_products_call_goes_through_its_converter(library):
+    """`call` on a product routine: the declared function is never asked; a failure still
+    names the routine and status (the stub or real cuBLAS refuses a null handle)."""
+    route = cublas._ROUTES.get("cublasSgemm_v2") or cublas._route("cublasSgemm_v2")
+    declared, count, undeclared, converter = route
+    assert count == 14 and converter is cublas._gemm and undeclared.argtypes is None
+    with pytest.raises(TypeError, match="cublasSgemm_v2 takes 14 arguments, got 2"):
+        cublas.call("cublasSgemm_v2", 0, 0)

@@ -520,3 +520,90 @@ def test_a_complex_product_in_a_cupy_loop_body_is_a_checked_cublas_call(dtype, l
         blas = [launch.name for launch in seam.launches if launch.kind == "cublas"]
         assert blas == [f"cublas{letter}gemv_v2", f"cublas{letter}gemm_v2"]
         assert not seam.uploads
+
+
+# ---- the planned hot path (issue 22): a repeated product is one lookup and the same call --------
+
+
+def _blas_calls(seam):
+    return [(launch.name, launch.args) for launch in seam.launches if launch.kind == "cublas"]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape", "view"), [
+    ((4, 3), (3, 2), None), ((4, 3), (3,), None), ((3,), (3, 2), None), ((3,), (3,), None),
+    ((2, 4, 3), (3, 2), None), ((2, 4, 3), (2, 3, 2), None), ((3, 4), (3, 2), "a.T"),
+    ((8, 3), (3, 2), "a[::2]"), ((4, 3), (2, 3), "b.T")])
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128])
+def test_a_repeated_product_takes_its_plan_and_makes_the_same_cublas_call(
+        monkeypatch, a_shape, b_shape, view, dtype):
+    """The first product is checked and planned; a repeated one (same types, shapes, strides,
+    dtypes, out or not) is served by its plan: the same cuBLAS routine with the same arguments
+    (into the same out, every pointer too), one counted device op, and nothing else."""
+    from .cupy_fake import cupy_or_fail, fake_memory, host_view  # noqa: PLC0415
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    rng = np.random.default_rng(11)
+    runs = []
+    run = linalg._run
+    monkeypatch.setattr(linalg, "_run", lambda *args: runs.append(1) or run(*args))
+    with fake_memory() as memory, recording(memory) as seam:
+        a = seam.array(_random(rng, a_shape, dtype))
+        b = seam.array(_random(rng, b_shape, dtype))
+        a, b = {"a.T": (a.T, b), "a[::2]": (a[::2], b), "b.T": (a, b.T), None: (a, b)}[view]
+        expected = np.matmul(host_view(a), host_view(b))
+        out = seam.array(np.zeros(expected.shape, dtype))
+        calls = []
+        for turn in range(3):
+            seam.clear()
+            with gs.count_syncs() as counter:
+                result = gs.matmul(a, b, out=out)
+            assert result is out and counter.device_ops == 1 and counter.count == 0
+            if turn:  # (the first makes the constants 1 and 0: uncounted, once)
+                assert [launch.kind for launch in seam.launches] == ["cublas"]
+            calls.append(_blas_calls(seam))
+        assert calls[0] == calls[1] == calls[2] and runs == [1, 1]
+        seam.clear()
+        fresh = gs.matmul(a, b)  # without out: a plan of its own
+        first = _blas_calls(seam)
+        seam.clear()
+        again = gs.matmul(a, b)
+        assert fresh.shape == again.shape == expected.shape and fresh.dtype == dtype
+        second = _blas_calls(seam)
+        assert len(runs) == 3
+        (name, args), (name2, args2) = first[0], second[0]
+        out_at = 10 if "gemv" in name else 14 if "Batched" in name else 12
+        assert name == name2 == calls[0][0][0]
+        # the same call but the output's pointer (a new array each time)
+        assert args[:out_at] + args[out_at + 1:] == args2[:out_at] + args2[out_at + 1:]
+        assert args[:out_at] == calls[0][0][1][:out_at]
+
+
+def test_a_planned_product_still_checks_what_depends_on_values():
+    """A plan fixes what shapes, strides and dtypes decide; out's overlap with an operand is
+    checked on every call, planned or not, and nothing is launched then."""
+    from .cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    with fake_memory() as memory, recording(memory) as seam:
+        first, second = seam.array(np.arange(16.0)), seam.array(np.arange(16.0))
+        b = seam.array(np.ones((3, 2)))
+        a1, a2 = first.reshape(4, 4)[:, :3], second.reshape(4, 4)[:, :3]
+        separate = seam.array(np.zeros((4, 2)))
+        for a in (a1, a2, a1):  # planned at the first: rows of a strided by 4
+            gs.matmul(a, b, out=separate)
+        seam.clear()
+        with pytest.raises(ValueError, match="out overlaps a in memory"):
+            gs.matmul(a2, b, out=second[8:].reshape(4, 2))
+        shared = seam.array(np.zeros(14))
+        with pytest.raises(ValueError, match="out overlaps b in memory"):
+            gs.matmul(a1, shared[:6].reshape(3, 2), out=shared[4:12].reshape(4, 2))
+        gs.matmul(a1, shared[:6].reshape(3, 2), out=shared[6:14].reshape(4, 2))  # adjacent
+        assert [launch.kind for launch in seam.launches] == ["cublas"]
+
+
+def test_plans_are_kept_in_a_bounded_thread_safe_table():
+    from gpuscalar.lazy.expr import BoundedCache  # noqa: PLC0415
+
+    assert isinstance(linalg._PLANS, BoundedCache)
