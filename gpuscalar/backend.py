@@ -217,6 +217,12 @@ class CudaSeam:
         """The current device's id."""
         return int(self._cupy().cuda.Device().id)
 
+    def is_current_device(self, device: object) -> bool:
+        """Whether ``device`` (an id) is this thread's current device, read without a
+        ``Device`` object (CuPy's ``get_device_id``): the fold's check before it enters
+        `device_context` (gpuscalar.lazy.fusion.fold_on_cupy)."""
+        return bool(device == self._cupy().cuda.device.get_device_id())
+
     def synchronize(self) -> None:
         """Wait for the current device (CuPy's ``Device.synchronize``: a declared sync)."""
         self._cupy().cuda.Device().synchronize()

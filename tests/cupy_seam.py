@@ -896,3 +896,14 @@ def recording(memory: FakeMemory, *, check: bool = True,
 # ---- complex kernel parameters (gpuscalar.cuda.products: CuPy's complex<T> as cfloat/cdouble) ----
 
 C_TYPES.update({"cfloat": np.complex64, "cdouble": np.complex128})
+
+
+# ---- the fold's current-device check (issue 22: `CudaSeam.is_current_device`) ---------------
+
+
+def _is_current_device(self: RecordingSeam, device: object) -> bool:
+    """The double's answer: the fake memory's one device (0) is always current."""
+    return device == self.current_device()
+
+
+RecordingSeam.is_current_device = _is_current_device  # type: ignore[method-assign,assignment]

@@ -531,3 +531,52 @@ def test_a_repeated_array_operation_decides_its_loop_once(xp, monkeypatch):
     assert len(asked) == count + 1
     for result in (first, second, third, fourth):
         assert result.dtype == np.float32 and host(result).tolist() == [0.0, 0.5, 1.0]
+
+
+def test_the_fold_fast_path_launches_what_the_general_path_launches(monkeypatch):
+    """A fold of one pending scalar on CuPy goes from `arrays._array_call`'s cached decision
+    straight to `fusion.fold_on_cupy` (issue 22: the fold's host cost): it launches the same
+    kernel (the same generated source and parameters) with the same arguments, one launch per
+    fold, as the general path (`_launch` -> `fused_ufunc` -> `_fused_on_cupy`); an overlapping
+    output, a Python int operand and a kept scalar still take the general path."""
+    from gpuscalar.lazy import fusion
+
+    from .cupy_fake import from_host
+
+    taken = []
+    fast = fusion.fold_on_cupy
+
+    def spy(*args):
+        found = fast(*args)
+        taken.append(found is not NotImplemented)
+        return found
+
+    def run(memory):
+        lr = gs.GPUScalar(from_host(memory, np.float64(0.5)))
+        step = gs.GPUScalar(from_host(memory, np.int64(3)))
+        g32 = from_host(memory, np.arange(3, dtype=np.float32))
+        gi64 = from_host(memory, np.arange(3, dtype=np.int64))
+        o64 = from_host(memory, np.zeros(3, dtype=np.float64))
+        for _ in range(2):
+            with gs.count_syncs() as counter:
+                (lr * 2.0 + 1.0) * g32
+                g32 * (lr * 2.0 + 1.0)
+                np.multiply(lr * 2.0, g32, out=o64)
+                (step * 2) + gi64
+                assert (gi64 < (lr + 1.0)).dtype == np.bool_
+                np.multiply(lr * 2.0, o64, out=o64)
+            assert counter.device_ops == 6
+
+    def launches():
+        monkeypatch.setattr(fusion, "_PLANS", fusion.BoundedCache())
+        monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
+        found = _fold_on_fake_cupy(run)
+        return [(launch.source, launch.func.in_params, launch.func.out_params,
+                 [(type(a), getattr(a, "dtype", None), getattr(a, "shape", None))
+                  for a in launch.args]) for launch in found]
+
+    monkeypatch.setattr(fusion, "fold_on_cupy", spy)
+    with_fast = launches()
+    assert len(with_fast) == 12 and taken and all(taken)
+    monkeypatch.setattr(fusion, "fold_on_cupy", lambda *args: NotImplemented)
+    assert launches() == with_fast

@@ -586,7 +586,7 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     kernel, out_dtypes, kept_dtypes, device_index = plan
     if device is None:
         device = backend.device_of(args[device_index])
-    if not kept_dtypes and device == CUPY.seam.current_device():  # (the common fold)
+    if not kept_dtypes and CUPY.seam.is_current_device(device):  # (the common fold)
         result = backend.call(kernel, *args, *outs)
         return (result if out is None else out), {}
     with backend.device_context(device):
@@ -631,7 +631,7 @@ def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[
     kernel = plan[0]
     if device is None:
         device = CUPY.device_of(args[plan[3]])
-    if device == CUPY.seam.current_device():
+    if CUPY.seam.is_current_device(device):
         result = CUPY.call(kernel, *args, *outs)
     else:
         with CUPY.device_context(device):
