@@ -343,38 +343,43 @@ def _run(plan: _Plan, a: Any, b: Any, out: Any) -> Any:
     if b_data.device_id != device:
         raise ValueError(f"gs.matmul: a is on device {device!r} but b on "
                          f"{b_data.device_id!r}")
-    a_ptr, b_ptr = a_data.ptr, b_data.ptr
     seam = CUPY.seam
+    if seam.is_current_device(device):  # (entering its context would change nothing)
+        return _call(seam, plan, device, a_data.ptr, b_data.ptr, out)
     with seam.device_context(device):
-        if out is None:
-            out = CUPY.xp.empty(plan.shape, dtype=plan.dtype)
-            out_ptr = out.data.ptr
-        else:
-            out_data = out.data
-            if out_data.device_id != device:
-                raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
-                                 f"{device!r}")
-            out_ptr = out_data.ptr
-            size = out.nbytes
-            for ptr, (lo, hi), what in ((a_ptr, plan.a_range, "a"), (b_ptr, plan.b_range, "b")):
-                if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
-                    raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
-                                     "read it while writing it); pass a separate out")
-        stream = seam.current_stream()
-        handle = _HANDLES.get((device, stream.ptr))
-        if handle is None:
-            handle = _new_handle(CUPY, (device, stream.ptr), stream)
-        if not handle.recorded and stream.is_capturing():
-            handle.recorded = True  # a graph now reads its workspace: see _stream_gone
-        defaults = _DEFAULTS.get((device, plan.dtype))
-        if defaults is None:
-            defaults = _defaults(device, plan.dtype)
-        one, zero = defaults[0], defaults[1]
-        x_ptr, y_ptr = (b_ptr, a_ptr) if plan.x_is_b else (a_ptr, b_ptr)
-        sync.note_device_op()  # one cuBLAS launch
-        with handle.lock:
-            seam.blas(plan.routine, handle.value, *plan.head, one, x_ptr, *plan.mid, y_ptr,
-                      *plan.tail, zero, out_ptr, *plan.last)
+        return _call(seam, plan, device, a_data.ptr, b_data.ptr, out)
+
+
+def _call(seam: Any, plan: _Plan, device: object, a_ptr: int, b_ptr: int, out: Any) -> Any:
+    """`_run` on the operands' device: out checked or made, then the cuBLAS call."""
+    if out is None:
+        out = CUPY.xp.ndarray(plan.shape, plan.dtype)  # (xp.empty's C-ordered array)
+        out_ptr = out.data.ptr
+    else:
+        out_data = out.data
+        if out_data.device_id != device:
+            raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
+                             f"{device!r}")
+        out_ptr = out_data.ptr
+        size = out.nbytes
+        for ptr, (lo, hi), what in ((a_ptr, plan.a_range, "a"), (b_ptr, plan.b_range, "b")):
+            if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
+                raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
+                                 "read it while writing it); pass a separate out")
+    stream = seam.current_stream()
+    handle = _HANDLES.get((device, stream.ptr))
+    if handle is None:
+        handle = _new_handle(CUPY, (device, stream.ptr), stream)
+    if not handle.recorded and stream.is_capturing():
+        handle.recorded = True  # a graph now reads its workspace: see _stream_gone
+    defaults = _DEFAULTS.get((device, plan.dtype))
+    if defaults is None:
+        defaults = _defaults(device, plan.dtype)
+    x_ptr, y_ptr = (b_ptr, a_ptr) if plan.x_is_b else (a_ptr, b_ptr)
+    sync.note_device_op()  # one cuBLAS launch
+    with handle.lock:
+        seam.blas(plan.routine, handle.value, *plan.head, defaults[0], x_ptr, *plan.mid, y_ptr,
+                  *plan.tail, defaults[1], out_ptr, *plan.last)
     return out
 
 
