@@ -189,29 +189,33 @@ def _pointer(address: int) -> Any:
 def _gemm(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
           alpha: int, a: int, lda: int, b: int, ldb: int, beta: int, c: int, ldc: int) -> int:
     get = _POINTERS.get
-    return int(function(get(handle) or _pointer(handle), transa, transb, m, n, k,
-                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
-                        get(b) or _pointer(b), ldb, get(beta) or _pointer(beta),
-                        get(c) or _pointer(c), ldc))
+    status: int = function(get(handle) or _pointer(handle), transa, transb, m, n, k,
+                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
+                           get(b) or _pointer(b), ldb, get(beta) or _pointer(beta),
+                           get(c) or _pointer(c), ldc)
+    return status
 
 
 def _gemv(function: Any, handle: int, trans: int, m: int, n: int, alpha: int, a: int, lda: int,
           x: int, incx: int, beta: int, y: int, incy: int) -> int:
     get = _POINTERS.get
-    return int(function(get(handle) or _pointer(handle), trans, m, n,
-                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
-                        get(x) or _pointer(x), incx, get(beta) or _pointer(beta),
-                        get(y) or _pointer(y), incy))
+    status: int = function(get(handle) or _pointer(handle), trans, m, n,
+                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
+                           get(x) or _pointer(x), incx, get(beta) or _pointer(beta),
+                           get(y) or _pointer(y), incy)
+    return status
 
 
 def _gemm_batched(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
                   alpha: int, a: int, lda: int, stridea: int, b: int, ldb: int, strideb: int,
                   beta: int, c: int, ldc: int, stridec: int, batch: int) -> int:
     get = _POINTERS.get
-    return int(function(get(handle) or _pointer(handle), transa, transb, m, n, k,
-                        get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda, _L(stridea),
-                        get(b) or _pointer(b), ldb, _L(strideb), get(beta) or _pointer(beta),
-                        get(c) or _pointer(c), ldc, _L(stridec), batch))
+    status: int = function(get(handle) or _pointer(handle), transa, transb, m, n, k,
+                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
+                           _L(stridea), get(b) or _pointer(b), ldb, _L(strideb),
+                           get(beta) or _pointer(beta), get(c) or _pointer(c), ldc,
+                           _L(stridec), batch)
+    return status
 
 
 _CONVERTERS: dict[tuple[Any, ...], Callable[..., int]] = {

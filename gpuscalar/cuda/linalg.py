@@ -335,23 +335,20 @@ def _relative_extent(array: Any) -> tuple[int, int]:
     return start, end + array.itemsize
 
 
-def _run(plan: _Plan, a: Any, b: Any, out: Any) -> Any:
+def _run(plan: _Plan, a: Any, b: Any, out: Any, entered: bool = False) -> Any:
     """A planned CuPy product: the per-call checks (devices, out's overlap), then the cuBLAS
-    call with default alpha/beta, as `_matmul` would make it."""
+    call with default alpha/beta, as `_matmul` would make it. On the operands' device: when
+    it is not current, `_run` runs again inside its context (``entered``)."""
     a_data, b_data = a.data, b.data
     device = a_data.device_id
     if b_data.device_id != device:
         raise ValueError(f"gs.matmul: a is on device {device!r} but b on "
                          f"{b_data.device_id!r}")
     seam = CUPY.seam
-    if seam.is_current_device(device):  # (entering its context would change nothing)
-        return _call(seam, plan, device, a_data.ptr, b_data.ptr, out)
-    with seam.device_context(device):
-        return _call(seam, plan, device, a_data.ptr, b_data.ptr, out)
-
-
-def _call(seam: Any, plan: _Plan, device: object, a_ptr: int, b_ptr: int, out: Any) -> Any:
-    """`_run` on the operands' device: out checked or made, then the cuBLAS call."""
+    if not entered and not seam.is_current_device(device):
+        with seam.device_context(device):
+            return _run(plan, a, b, out, True)
+    a_ptr, b_ptr = a_data.ptr, b_data.ptr
     if out is None:
         out = CUPY.xp.ndarray(plan.shape, plan.dtype)  # (xp.empty's C-ordered array)
         out_ptr = out.data.ptr
