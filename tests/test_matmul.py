@@ -607,3 +607,39 @@ def test_plans_are_kept_in_a_bounded_thread_safe_table():
     from gpuscalar.lazy.expr import BoundedCache  # noqa: PLC0415
 
     assert isinstance(linalg._PLANS, BoundedCache)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((4, 3), (3, 2)), ((4, 3), (3,)),
+                                                  ((2, 4, 3), (3, 2))])
+def test_a_planned_product_with_alpha_and_beta_makes_the_calls_an_unplanned_one_makes(
+        a_shape, b_shape):
+    """alpha and beta ride on the plan too: read per call as `_matmul` reads them (a
+    GPUScalar's array, the kept constants for 1 and 0, a fill kernel for another number),
+    then the same cuBLAS call; beta without out is still refused."""
+    from .cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
+    from .cupy_seam import recording  # noqa: PLC0415
+
+    cupy_or_fail()
+    rng = np.random.default_rng(3)
+    with fake_memory() as memory, recording(memory) as seam:
+        a, b = seam.array(rng.standard_normal(a_shape)), seam.array(rng.standard_normal(b_shape))
+        out = seam.array(np.zeros(np.matmul(np.ones(a_shape), np.ones(b_shape)).shape))
+        scale = gs.GPUScalar(seam.array(np.array(0.5)))
+        gs.matmul(a, b, out=out)  # (the constants 1 and 0 made: once, uncounted)
+        for alpha, beta in ((scale, 1.0), (None, scale), (0.25, None), (1, 0.0)):
+            seen = []
+            for unplanned in (True, False, False):
+                if unplanned:
+                    linalg._PLANS.clear()
+                seam.clear()
+                with gs.count_syncs() as counter:
+                    gs.matmul(a, b, out=out, alpha=alpha, beta=beta)
+                seen.append(([(launch.kind, launch.name) for launch in seam.launches],
+                             counter.device_ops, counter.count))
+                blas = _blas_calls(seam)
+                if isinstance(alpha, gs.GPUScalar) or alpha in (None, 1):
+                    seen[-1] += (blas,)  # (the same pointers every time)
+            assert seen[0] == seen[1] == seen[2], (alpha, beta, seen)
+            assert seen[0][0][-1][0] == "cublas" and seen[0][2] == 0
+        with pytest.raises(ValueError, match="beta scales out, so it needs out="):
+            gs.matmul(a, b, beta=scale)

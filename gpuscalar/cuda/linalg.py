@@ -224,20 +224,19 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = No
     and `gs.while_loop`/`gs.cond` bodies; on NumPy and the strict device, ``np.matmul`` (one
     device op). ``a`` may be a CSR sparse matrix and ``b`` a vector: that is `gs.spmv`.
     """
-    if alpha is None and beta is None:  # the hot path: a product seen before, one lookup
-        try:
-            if out is None:
-                key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b),
-                                        b.shape, b.strides, b.dtype)
-            else:
-                key = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides,
-                       b.dtype, type(out), out.shape, out.strides, out.dtype)
-            found = _PLANS.hit(key)
-        except (AttributeError, TypeError):  # not arrays: `_matmul` says what is wrong
-            pass
+    try:  # the hot path: a product seen before, one lookup
+        if out is None:
+            key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape,
+                                    b.strides, b.dtype)
         else:
-            if found is not None:
-                return _run(found, a, b, out)
+            key = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype,
+                   type(out), out.shape, out.strides, out.dtype)
+        found = _PLANS.hit(key)
+    except (AttributeError, TypeError):  # not arrays: `_matmul` says what is wrong
+        pass
+    else:
+        if found is not None and (beta is None or out is not None):
+            return _run(found, a, b, out, alpha, beta)
     return _matmul(a, b, out, alpha, beta)
 
 
@@ -272,7 +271,7 @@ def _matmul(a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
     if call.k == 0 or 0 in shape:  # cuBLAS may return early without writing the output
         return _empty_sum(backend, device, shape, dtype, out, None if beta is None else
                           beta_scalar)
-    if alpha is None and beta is None and a.dtype == b.dtype:  # (no operand converted)
+    if a.dtype == b.dtype:  # (no operand converted)
         key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape,
                                 b.strides, b.dtype)
         if out is not None:
@@ -286,7 +285,7 @@ def _matmul(a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
 
 
 #: (type, shape, strides and dtype of a, of b, and of out where given) -> the `_Plan` of a CuPy
-#: product with default alpha/beta, decided and checked once by `_matmul`
+#: product of one dtype, decided and checked once by `_matmul`
 _PLANS = BoundedCache()
 
 
@@ -335,10 +334,11 @@ def _relative_extent(array: Any) -> tuple[int, int]:
     return start, end + array.itemsize
 
 
-def _run(plan: _Plan, a: Any, b: Any, out: Any, entered: bool = False) -> Any:
-    """A planned CuPy product: the per-call checks (devices, out's overlap), then the cuBLAS
-    call with default alpha/beta, as `_matmul` would make it. On the operands' device: when
-    it is not current, `_run` runs again inside its context (``entered``)."""
+def _run(plan: _Plan, a: Any, b: Any, out: Any, alpha: Any = None, beta: Any = None,
+         entered: bool = False) -> Any:
+    """A planned CuPy product: the per-call checks (devices, out's overlap, alpha and beta),
+    then the cuBLAS call, as `_matmul` would make it. On the operands' device: when it is not
+    current, `_run` runs again inside its context (``entered``)."""
     a_data, b_data = a.data, b.data
     device = a_data.device_id
     if b_data.device_id != device:
@@ -347,12 +347,9 @@ def _run(plan: _Plan, a: Any, b: Any, out: Any, entered: bool = False) -> Any:
     seam = CUPY.seam
     if not entered and not seam.is_current_device(device):
         with seam.device_context(device):
-            return _run(plan, a, b, out, True)
+            return _run(plan, a, b, out, alpha, beta, True)
     a_ptr, b_ptr = a_data.ptr, b_data.ptr
-    if out is None:
-        out = CUPY.xp.ndarray(plan.shape, plan.dtype)  # (xp.empty's C-ordered array)
-        out_ptr = out.data.ptr
-    else:
+    if out is not None:
         out_data = out.data
         if out_data.device_id != device:
             raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
@@ -363,20 +360,28 @@ def _run(plan: _Plan, a: Any, b: Any, out: Any, entered: bool = False) -> Any:
             if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
                 raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
                                  "read it while writing it); pass a separate out")
+    scale: tuple[Any, ...] | None
+    if alpha is None and beta is None:
+        scale = _DEFAULTS.get((device, plan.dtype))
+        if scale is None:
+            scale = _defaults(device, plan.dtype)
+    else:  # as `_matmul` reads them (a fill kernel for a number but 1 or 0; a cast, ...)
+        scale = (_coefficient(alpha, 1.0, "alpha", CUPY, device, plan.dtype, a).data.ptr,
+                 _coefficient(beta, 0.0, "beta", CUPY, device, plan.dtype, a).data.ptr)
+    if out is None:
+        out = CUPY.xp.ndarray(plan.shape, plan.dtype)  # (xp.empty's C-ordered array)
+        out_ptr = out.data.ptr
     stream = seam.current_stream()
     handle = _HANDLES.get((device, stream.ptr))
     if handle is None:
         handle = _new_handle(CUPY, (device, stream.ptr), stream)
     if not handle.recorded and stream.is_capturing():
         handle.recorded = True  # a graph now reads its workspace: see _stream_gone
-    defaults = _DEFAULTS.get((device, plan.dtype))
-    if defaults is None:
-        defaults = _defaults(device, plan.dtype)
     x_ptr, y_ptr = (b_ptr, a_ptr) if plan.x_is_b else (a_ptr, b_ptr)
     sync.note_device_op()  # one cuBLAS launch
     with handle.lock:
-        seam.blas(plan.routine, handle.value, *plan.head, defaults[0], x_ptr, *plan.mid, y_ptr,
-                  *plan.tail, defaults[1], out_ptr, *plan.last)
+        seam.blas(plan.routine, handle.value, *plan.head, scale[0], x_ptr, *plan.mid, y_ptr,
+                  *plan.tail, scale[1], out_ptr, *plan.last)
     return out
 
 
