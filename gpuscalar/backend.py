@@ -168,6 +168,17 @@ class NumpyBackend(Backend):
         return self.call(np.linalg.vector_norm, x, ord=ord, axis=axis, keepdims=keepdims)
 
 
+#: CuPy's ``cupy.cuda.device.get_device_id``, bound at first use (`CudaSeam.is_current_device`)
+_device_id_reader: Callable[[], int] | None = None
+
+
+def _load_device_id_reader() -> Callable[[], int]:
+    global _device_id_reader
+    reader: Callable[[], int] = CUPY.xp.cuda.device.get_device_id
+    _device_id_reader = reader
+    return reader
+
+
 class CudaSeam:
     """Every call by which gpuscalar's CuPy code reaches CUDA: the one seam a test double
     replaces (`CupyBackend.seam_replaced`), so tests without a GPU see, check and answer each
@@ -221,7 +232,8 @@ class CudaSeam:
         """Whether ``device`` (an id) is this thread's current device, read without a
         ``Device`` object (CuPy's ``get_device_id``): the fold's check before it enters
         `device_context` (gpuscalar.lazy.fusion.fold_on_cupy)."""
-        return bool(device == self._cupy().cuda.device.get_device_id())
+        get_id = _device_id_reader or _load_device_id_reader()
+        return bool(device == get_id())
 
     def synchronize(self) -> None:
         """Wait for the current device (CuPy's ``Device.synchronize``: a declared sync)."""
