@@ -290,14 +290,12 @@ _PLANS = BoundedCache()
 
 
 class _Plan:
-    """What `_matmul` decided for one kind of CuPy product, so that a repeated product is one
-    lookup and the cuBLAS call (`_run`): the routine's name, its arguments that do not change
-    (all but the handle and the pointers), and the byte ranges of a and b relative to their
-    data pointers (for the overlap check with out, the one check left that depends on values).
-    """
+    """What `_matmul` decided for one kind of CuPy product (`_run` makes it again): the
+    routine, its arguments but the handle, alpha, beta and pointers, and the byte ranges of a
+    and b relative to their data pointers (out's overlap is checked per call)."""
 
-    __slots__ = ("shape", "dtype", "routine", "kind", "x_is_b", "head", "mid", "tail",
-                 "a_range", "b_range", "last")
+    __slots__ = ("shape", "dtype", "routine", "x_is_b", "head", "mid", "tail", "a_range",
+                 "b_range", "last")
 
     def __init__(self, call: BlasCall, shape: tuple[int, ...], dtype: np.dtype, a: Any,
                  b: Any) -> None:
@@ -305,18 +303,18 @@ class _Plan:
         letter = _LETTERS[dtype]
         self.x_is_b = call.x_is == "b"
         if call.routine == "gemm":
-            self.kind, self.routine = 0, f"cublas{letter}gemm_v2"
+            self.routine = f"cublas{letter}gemm_v2"
             self.head: tuple[int, ...] = (call.transx, call.transy, call.m, call.n, call.k)
             self.mid: tuple[int, ...] = (call.ldx,)
             self.tail: tuple[int, ...] = (call.ldy,)
             self.last: tuple[int, ...] = (call.ldc,)
         elif call.routine == "gemm_batched":
-            self.kind, self.routine = 1, f"cublas{letter}gemmStridedBatched"
+            self.routine = f"cublas{letter}gemmStridedBatched"
             self.head = (call.transx, call.transy, call.m, call.n, call.k)
             self.mid, self.tail = (call.ldx, call.stridex), (call.ldy, call.stridey)
             self.last = (call.ldc, call.stridec, call.batch)
         else:
-            self.kind, self.routine = 2, f"cublas{letter}gemv_v2"
+            self.routine = f"cublas{letter}gemv_v2"
             self.head = (call.transx, call.m, call.n)
             self.mid, self.tail = (call.ldx,), (call.incx,)
             self.last = (call.incy,)
@@ -468,13 +466,8 @@ def _extent(backend: Backend, array: Any) -> tuple[int, int]:
     """The byte range an array's elements occupy (empty for an empty array)."""
     if array.size == 0:
         return (0, 0)
-    start = end = backend.data_address(array)
-    for length, stride in zip(array.shape, array.strides, strict=True):
-        if stride < 0:
-            start += (length - 1) * stride
-        else:
-            end += (length - 1) * stride
-    return start, end + array.itemsize
+    address, (start, end) = backend.data_address(array), _relative_extent(array)
+    return address + start, address + end
 
 
 def _overlaps(backend: Backend, x: Any, y: Any) -> bool:
