@@ -242,11 +242,12 @@ def _route(name: str) -> tuple[Any, int, Any, Any]:
 def call(name: str, *args: Any) -> None:
     """Call cuBLAS function ``name`` (declared in the signature table); raise on failure.
 
-    A product's call (gemm, gemv, gemmStridedBatched: Python ints, as `gs.matmul` passes
-    them) goes through its converter (`_gemm`, ...), which passes the same values without
-    ctypes' per-argument conversion (a pointer that is not an int raises ``TypeError``, an int
-    argument that is not one ``ctypes.ArgumentError``); any other call through the declared
-    function, which converts its arguments or refuses them (``ctypes.ArgumentError``)."""
+    A product's call (gemm, gemv, gemmStridedBatched) goes through its converter (`_gemm`,
+    ...), which passes the same values without ctypes' per-argument conversion (half the host
+    instructions): its arguments must be Python ints, as `gs.matmul` passes them (the tests'
+    recording seam checks that they are; a pointer that is not one raises ``TypeError``). Any
+    other call goes through the declared function, which converts its arguments or refuses
+    them (``ctypes.ArgumentError``)."""
     route = _ROUTES.get(name)
     if route is None:
         route = _route(name)
