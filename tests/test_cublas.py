@@ -130,3 +130,52 @@ def test_a_products_call_goes_through_its_converter(library):
     assert count == 14 and converter is cublas._gemm and undeclared.argtypes is None
     with pytest.raises(TypeError, match="cublasSgemm_v2 takes 14 arguments, got 2"):
         cublas.call("cublasSgemm_v2", 0, 0)
+
+
+_RECORDER_C = r"""
+#include <stdio.h>
+int cublasDgemm_v2(void* h, int ta, int tb, int m, int n, int k, const double* al,
+    const double* A, int lda, const double* B, int ldb, const double* be, double* C, int ldc) {
+  printf("%p %d %d %d %d %d %p %p %d %p %d %p %p %d\n", h, ta, tb, m, n, k, al, A, lda, B,
+         ldb, be, C, ldc); fflush(stdout); return 0; }
+int cublasDgemmStridedBatched(void* h, int ta, int tb, int m, int n, int k, const double* al,
+    const double* A, int lda, long long sa, const double* B, int ldb, long long sb,
+    const double* be, double* C, int ldc, long long sc, int batch) {
+  printf("%p %d %d %d %d %d %p %p %d %lld %p %d %lld %p %p %d %lld %d\n", h, ta, tb, m, n, k,
+         al, A, lda, sa, B, ldb, sb, be, C, ldc, sc, batch); fflush(stdout); return 0; }
+int cublasDgemv_v2(void* h, int t, int m, int n, const double* al, const double* A, int lda,
+    const double* x, int incx, const double* be, double* y, int incy) {
+  printf("%p %d %d %d %p %p %d %p %d %p %p %d\n", h, t, m, n, al, A, lda, x, incx, be, y,
+         incy); fflush(stdout); return 0; }
+"""
+
+
+def test_the_undeclared_calls_reach_c_as_the_declared_ones_do(tmp_path, capfd):
+    """Through a C library of the same signatures (compiled here; skipped without gcc): each
+    product's converter hands the C function exactly what the declared call hands it, 64-bit
+    pointers, 64-bit strides and arguments past the registers included."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build the recording library")
+    (tmp_path / "rec.c").write_text(_RECORDER_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "librec.so"),
+                    str(tmp_path / "rec.c")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "librec.so"))
+    p = 0x7F12345678A0
+    cases = {
+        "cublasDgemm_v2": (p, 1, 0, 64, 32, 16, p + 8, p + 16, 64, p + 24, 16, p + 32, p + 40, 64),
+        "cublasDgemmStridedBatched": (p, 1, 0, 64, 32, 16, p + 8, p + 16, 64, 2**33 + 5, p + 24,
+                                      16, 7, p + 32, p + 40, 64, 2**40, 3),
+        "cublasDgemv_v2": (p, 1, 64, 32, p + 8, p + 16, 64, p + 24, 2, p + 32, p + 40, 1)}
+    for name, args in cases.items():
+        declared = getattr(lib, name)
+        declared.argtypes, declared.restype = cublas._SIGNATURES[name], ctypes.c_int
+        undeclared = lib._FuncPtr((name, lib))
+        undeclared.restype = ctypes.c_int
+        capfd.readouterr()
+        assert declared(*args) == 0
+        by_declaration = capfd.readouterr().out
+        assert cublas._CONVERTERS[cublas._SIGNATURES[name]](undeclared, *args) == 0
+        assert capfd.readouterr().out == by_declaration and by_declaration.count("0x7f12") >= 5
