@@ -179,6 +179,19 @@ def _load_device_id_reader() -> Callable[[], int]:
     return reader
 
 
+#: `gpuscalar.cuda.cublas.call`, once imported (a products' hot path: an import statement per
+#: call costs more than the lookup; imported on first use, as the seam's other CUDA modules)
+_BLAS_CALL: Callable[..., Any] | None = None
+
+
+def _blas_call() -> Callable[..., Any]:
+    global _BLAS_CALL
+    from .cuda import cublas  # noqa: PLC0415 - on first use only
+
+    _BLAS_CALL = cublas.call
+    return _BLAS_CALL
+
+
 class CudaSeam:
     """Every call by which gpuscalar's CuPy code reaches CUDA: the one seam a test double
     replaces (`CupyBackend.seam_replaced`), so tests without a GPU see, check and answer each
@@ -310,9 +323,8 @@ class CudaSeam:
     def blas(self, routine: str, *args: Any) -> None:
         """Call cuBLAS ``routine`` (e.g. ``cublasSgemm_v2``) with ``args`` (a handle's value,
         integers and device pointers), as `gpuscalar.cuda.cublas.call` does."""
-        from .cuda import cublas  # noqa: PLC0415 - as above
-
-        cublas.call(routine, *args)
+        call = _BLAS_CALL or _blas_call()
+        call(routine, *args)
 
     # ---- CUDA graphs --------------------------------------------------------------------------
 
