@@ -179,6 +179,18 @@ def _load_device_id_reader() -> Callable[[], int]:
     return reader
 
 
+def relative_extent(array: Any) -> tuple[int, int]:
+    """The byte range of a non-empty array's elements, relative to its data pointer (what
+    overlap checks compare: `gpuscalar.cuda.linalg`, `gpuscalar.sparse`)."""
+    start = end = 0
+    for length, stride in zip(array.shape, array.strides, strict=True):
+        if stride < 0:
+            start += (length - 1) * stride
+        else:
+            end += (length - 1) * stride
+    return start, end + array.itemsize
+
+
 #: `gpuscalar.cuda.cublas.call`, once imported (a products' hot path: an import statement per
 #: call costs more than the lookup; imported on first use, as the seam's other CUDA modules)
 _BLAS_CALL: Callable[..., Any] | None = None

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import strict_sparse
-from .backend import CUPY, NUMPY, Backend, backend_of
+from .backend import CUPY, NUMPY, Backend, backend_of, relative_extent
 from .cuda import products
 from .strict import STRICT
 
@@ -89,13 +89,9 @@ def _extent(array: Any) -> tuple[int, int]:
     """The byte range a CuPy array's elements occupy."""
     if array.size == 0:
         return (0, 0)
-    start = end = int(array.data.ptr)
-    for length, stride in zip(array.shape, array.strides, strict=True):
-        if stride < 0:
-            start += (length - 1) * stride
-        else:
-            end += (length - 1) * stride
-    return start, end + array.itemsize
+    start, end = relative_extent(array)
+    pointer = int(array.data.ptr)
+    return pointer + start, pointer + end
 
 
 def _overlaps(x: Any, y: Any) -> bool:

@@ -28,7 +28,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import ledger, sparse, sync
-from ..backend import CUPY, Backend, backend_of
+from ..backend import CUPY, Backend, backend_of, relative_extent
 from ..lazy.expr import BoundedCache
 from ..scalar import GPUScalar, _array_of, asscalar
 from . import cublas, products
@@ -318,18 +318,7 @@ class _Plan:
             self.head = (call.transx, call.m, call.n)
             self.mid, self.tail = (call.ldx,), (call.incx,)
             self.last = (call.incy,)
-        self.a_range, self.b_range = _relative_extent(a), _relative_extent(b)
-
-
-def _relative_extent(array: Any) -> tuple[int, int]:
-    """The byte range of a non-empty array's elements, relative to its data pointer."""
-    start = end = 0
-    for length, stride in zip(array.shape, array.strides, strict=True):
-        if stride < 0:
-            start += (length - 1) * stride
-        else:
-            end += (length - 1) * stride
-    return start, end + array.itemsize
+        self.a_range, self.b_range = relative_extent(a), relative_extent(b)
 
 
 def _run(plan: _Plan, a: Any, b: Any, out: Any, alpha: Any = None, beta: Any = None,
@@ -466,7 +455,7 @@ def _extent(backend: Backend, array: Any) -> tuple[int, int]:
     """The byte range an array's elements occupy (empty for an empty array)."""
     if array.size == 0:
         return (0, 0)
-    address, (start, end) = backend.data_address(array), _relative_extent(array)
+    address, (start, end) = backend.data_address(array), relative_extent(array)
     return address + start, address + end
 
 
