@@ -135,6 +135,26 @@ def _without_pytest_benchmark(argv: tuple[str, ...]) -> tuple[str, ...]:
     return (*argv, "-o", "addopts=-rfE", "--ignore=bench")
 
 
+#: What ``--tests gpu`` adds to the test section's pytest command.
+GPU_TESTS_ONLY = ("-k", "cupy or cuda or gpu")
+
+
+def sections_for(tests: str) -> tuple[Section, ...]:
+    """SECTIONS, with the test section narrowed to the GPU's own tests for ``tests == "gpu"``:
+    a lent GPU's minutes go to what CI cannot run (xdist's ``-n 4`` and pytest-timeout's
+    per-test limit where those plugins are installed, so one hang costs one test)."""
+    if tests == "all":
+        return SECTIONS
+    extra: tuple[str, ...] = GPU_TESTS_ONLY
+    if importlib.util.find_spec("xdist") is not None:
+        extra += ("-n", "4")
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        extra += ("--timeout", "120")
+    return tuple(Section(s.name, s.title + " (GPU tests only)", (*s.argv, *extra), s.budget_s,
+                         s.writes_json, s.requires, s.parse, s.interrupt)
+                 if s.name == "tests" else s for s in SECTIONS)
+
+
 def run_sections(sections: tuple[Section, ...] | list[Section], out: Path,
                  total_budget_s: float = TOTAL_BUDGET_S) -> list[SectionResult]:
     """Run each section in a subprocess (from the repository root), each limited by its own
@@ -184,11 +204,13 @@ def _run_one(section: Section, out: Path, limit: float) -> SectionResult:
             process.kill()
             more, _ = process.communicate()
             output += _text(more)
+        (out / f"{section.name}.log").write_text(output)
         data = section.parse(output) if section.parse is not None else None
         return SectionResult(section.name, section.title, "timeout", time.monotonic() - start,
                              None, _tail(output), data,
                              reason=f"stopped after its {limit:.0f} s limit")
     seconds = time.monotonic() - start
+    (out / f"{section.name}.log").write_text(output)  # the whole output; the report keeps a tail
     completed = subprocess.CompletedProcess(argv, process.returncode, output, "")
     data = None
     if section.writes_json and json_file.exists():
@@ -353,6 +375,10 @@ def _parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace
     parser.add_argument("--out", type=Path, help="folder for report.md and report.json")
     parser.add_argument("--section", choices=("environment", "syncs"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--tests", choices=("all", "gpu"), default="all",
+                        help="the test section runs the whole suite (all), or only the tests "
+                             "that CI skips or fakes for want of a GPU (gpu: -k 'cupy or cuda or "
+                             "gpu', spread over 4 processes with pytest-xdist where installed)")
     return parser, parser.parse_args(argv)
 
 
@@ -385,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"bench/gpu_report.py on {info.get('device')}: {len(SECTIONS)} sections, at most "
           f"{TOTAL_BUDGET_S:.0f} s", flush=True)
-    results = run_sections(SECTIONS, args.out)
+    results = run_sections(sections_for(args.tests), args.out)
     write_report(args.out, info, results)
     print(f"wrote {args.out}/report.md and {args.out}/report.json")
     return 0

@@ -322,6 +322,8 @@ def test_the_runtime_calls_reach_the_driver_with_the_bindings_signatures(monkeyp
     count and types for its major version) and gets as far as the driver, which, without a GPU,
     answers with an error that names the call."""
     pytest.importorskip("cuda.bindings.runtime", reason="cuda-bindings is not installed")
+    if gs.gpu_available():  # a made-up stream handle reaches a real driver, which crashes on it
+        pytest.skip("a CUDA device is present: the loop tests make these calls for real there")
     from cuda.bindings import runtime
 
     calls = {
@@ -406,3 +408,17 @@ def test_cuda_13_conditional_nodes_name_their_execution_context(monkeypatch):
         assert cuda_conditional.add_conditional_node(0x10, 7, kind) == "body graph"
     assert added == ["ctx3", "ctx3"]
 
+
+
+def test_capture_inside_a_recorded_body_names_the_body_not_the_capturing_stream(dev):
+    """The body's stream is capturing while it runs (into the loop's body graph): gs.capture
+    there says why it cannot record, before it looks at the stream."""
+    x = dev.array(np.array(0.0))
+    one, three = _constants(x, 1, 3)
+
+    def body(x):
+        gs.capture(lambda y: None, x)  # on the device of x (a CuPy array), as in a real body
+        x += one
+
+    with pytest.raises(RuntimeError, match="cannot capture inside a gs.while_loop"):
+        gs.while_loop(lambda x: x < three, body, x, max_iter=3)

@@ -169,19 +169,26 @@ def _placement(fn: Callable[..., Any], args: tuple[Any, ...]) -> Placement:
 # ---- the guard ----------------------------------------------------------------------------
 
 
+def _refuse_nested_recording() -> None:
+    """A capture may not start while another step is recorded or warmed up, nor inside a loop
+    body (recorded into the enclosing graph already). Asked before anything else, so the error
+    names the cause rather than what it leads to (on a GPU, the body's stream is capturing)."""
+    if _capturing.get(False):  # (a ContextVar, not a device read)
+        raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
+                           "nest (a captured step may replay another one)")
+    if ledger.in_loop_body():
+        raise RuntimeError("gs.capture: cannot capture inside a gs.while_loop or gs.cond "
+                           "body (it is recorded into the enclosing graph already); "
+                           "capture the whole loop instead")
+
+
 @contextlib.contextmanager
 def _guarded(backend: Backend, *, recording: bool) -> Iterator[None]:
     """Every sync raises, the array library's own included. While ``recording`` (warm-up and
     capture), another capture may not start inside."""
     token = None
     if recording:
-        if _capturing.get(False):  # (a ContextVar, not a device read)
-            raise RuntimeError("gs.capture: a step is already being captured; captures cannot "
-                               "nest (a captured step may replay another one)")
-        if ledger.in_loop_body():
-            raise RuntimeError("gs.capture: cannot capture inside a gs.while_loop or gs.cond "
-                               "body (it is recorded into the enclosing graph already); "
-                               "capture the whole loop instead")
+        _refuse_nested_recording()
         token = _capturing.set(True)
     try:
         if backend is CUPY:  # CuPy's own syncs (float(x), x.get(), ...) through its hook
@@ -440,6 +447,7 @@ class CapturedStep:
         self.warmup = _check_count(warmup, "warmup", 0)
         self.steps = _check_count(steps, "steps", 1)
         self.backend, self.device = _placement(fn, args)
+        _refuse_nested_recording()
         self._fn, self._args = fn, args
         self._name = getattr(fn, "__name__", "fn")
         self._result: Any = None
