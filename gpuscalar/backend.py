@@ -20,8 +20,9 @@ records every launch there and checks it against what CuPy accepts). Swap it for
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -77,6 +78,10 @@ class Backend:
     def device_of(self, array: Any) -> object:
         raise NotImplementedError
 
+    def devices_of(self, arrays: Iterable[Any]) -> Iterable[object]:
+        """`device_of` of each array, lazily (a backend may fetch them in one C-level pass)."""
+        return map(self.device_of, arrays)
+
     def device_context(self, device: object) -> Any:
         """A context manager making ``device`` current for array creation."""
         return contextlib.nullcontext()
@@ -103,6 +108,10 @@ class Backend:
         """The address of an array's first element (no transfer): what a kernel's pointer table
         holds (gpuscalar.optim), and what overlap checks compare."""
         return int(self.host_data(array).__array_interface__["data"][0])
+
+    def data_addresses(self, arrays: Iterable[Any]) -> Iterable[int]:
+        """`data_address` of each array, lazily (one C-level pass where the backend can)."""
+        return map(self.data_address, arrays)
 
     def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue one device operation, counted. Every op gpuscalar issues goes through here."""
@@ -391,6 +400,12 @@ class CudaSeam:
     # seam hands out; a double hands out its own.
 
 
+#: a CuPy array's device id and data address, fetched in C (`CupyBackend.devices_of`,
+#: `data_addresses`): the optimizer checks and writes one per gradient array every step
+_CUPY_DEVICE_ID = operator.attrgetter("data.device_id")
+_CUPY_DATA_PTR = operator.attrgetter("data.ptr")
+
+
 class CupyBackend(Backend):
     name = "cupy"
     multi_device = True
@@ -463,6 +478,9 @@ class CupyBackend(Backend):
     def device_of(self, array: Any) -> object:
         return array.device.id
 
+    def devices_of(self, arrays: Iterable[Any]) -> Iterable[object]:
+        return map(_CUPY_DEVICE_ID, arrays)  # (the allocation's device: array.device.id)
+
     def device_context(self, device: object) -> Any:
         return self.seam.device_context(device)
 
@@ -506,6 +524,9 @@ class CupyBackend(Backend):
 
     def data_address(self, array: Any) -> int:
         return int(array.data.ptr)
+
+    def data_addresses(self, arrays: Iterable[Any]) -> Iterable[int]:
+        return map(_CUPY_DATA_PTR, arrays)
 
     def upload(self, array: Any, host: np.ndarray) -> None:
         """Copy NumPy ``host`` into the contiguous device ``array``: one counted device op,

@@ -280,10 +280,10 @@ class CudaExecutor(Executor):
         """One launch per `ADDRESS_CHUNK` entries of the gradient table, each carrying its
         addresses by value (never a host-to-device copy, so it works inside a captured step,
         and no host memory is read after the launch)."""
-        backend, order, address = self.backend, opt._order, self.backend.data_address
+        backend, order = self.backend, opt._order
         addresses = np.zeros(len(opt._address_chunks) * ADDRESS_CHUNK, np.int64)
-        addresses[: len(order)] = np.fromiter((address(items[i]) for i in order), np.int64,
-                                              count=len(order))
+        addresses[: len(order)] = np.fromiter(
+            backend.data_addresses(map(items.__getitem__, order)), np.int64, count=len(order))
         packed = addresses.view(ADDRESS_STRUCT)  # one struct per chunk
         source, name = address_table_source()
         for k, (lo, hi, table) in enumerate(opt._address_chunks):
