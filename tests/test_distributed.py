@@ -240,3 +240,57 @@ def test_a_nccl_collective_may_be_recorded_in_a_captured_step():
             gs.capture(step, g, warmup=1)
         assert counter.count == 0 and not seam.reads and len(seam.graphs) == 1
         assert [call[5] for call in comm.calls] == streams and len(streams) == 2
+
+
+# ---- NCCL for real: one rank on a GPU (CI has none: skipped there) ---------------------------
+
+
+def _one_rank_nccl():
+    """CuPy's own NcclCommunicator of one rank on device 0, where a GPU and NCCL are present.
+    (Two ranks would need two GPUs: NCCL refuses two ranks on one device.)"""
+    if not gs.gpu_available():
+        pytest.skip("NCCL for real needs a CUDA device (the recording double runs in CI)")
+    try:
+        from cupy.cuda import nccl
+    except ImportError as error:
+        pytest.skip(f"CuPy's NCCL binding is not available: {error}")
+    if not getattr(nccl, "available", True):
+        pytest.skip("CuPy was built without NCCL")
+    return nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_a_real_nccl_communicator_reduces_scalars_and_arrays_with_no_sync(op):
+    import cupy
+
+    comm = _one_rank_nccl()
+    loss = gs.sum(cupy.arange(4.0)) * 0.5  # a pending GPUScalar: 3.0
+    grad = cupy.arange(6, dtype=cupy.float32).reshape(2, 3)
+    count = gs.GPUScalar(cupy.asarray(7, dtype=cupy.int32))
+    with gs.count_syncs(include_cupy=True) as counter:
+        total, g, n = gs.distributed.all_reduce([loss, grad, count], op, comm=comm)
+    assert counter.count == 0, counter.report()
+    assert isinstance(total, gs.GPUScalar) and isinstance(g, cupy.ndarray)
+    assert g.dtype == np.float32 and g.shape == (2, 3)
+    assert n.dtype == (np.float64 if op == "mean" else np.int32)
+    assert gs.read(total, n) == (3.0, 7)  # one rank: each value is its own reduction
+    assert np.array_equal(cupy.asnumpy(g), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_a_real_nccl_collective_is_recorded_into_a_captured_step():
+    import cupy
+
+    comm = _one_rank_nccl()
+    g = cupy.ones(3)
+
+    def step(g):
+        g *= 2.0
+        gs.distributed.all_reduce(g, "sum", comm=comm)
+
+    captured = gs.capture(step, g, warmup=1)  # the warm-up: 2
+    with gs.count_syncs(include_cupy=True) as counter:
+        captured()
+        captured()
+    assert counter.count == 0
+    assert cupy.asnumpy(g).tolist() == [8.0, 8.0, 8.0]
+    captured.release()
