@@ -165,15 +165,17 @@ def _large_pending(like):
     return lr
 
 
-@pytest.mark.parametrize("build", [
-    lambda x, p, m, o: np.add(x, p, where=m, out=o),
-    lambda x, p, m, o: np.multiply(p, x, where=m, out=(o,)),
-    lambda x, p, m, o: np.subtract(x, p, out=o, where=m, casting="same_kind"),
-    lambda x, p, m, o: np.add(x, p, out=o, dtype=np.float64, casting="same_kind"),
+@pytest.mark.parametrize(("build", "masked"), [
+    (lambda x, p, m, o: np.add(x, p, where=m, out=o), True),
+    (lambda x, p, m, o: np.multiply(p, x, where=m, out=(o,)), True),
+    (lambda x, p, m, o: np.subtract(x, p, out=o, where=m, casting="same_kind"), True),
+    (lambda x, p, m, o: np.add(x, p, out=o, dtype=np.float64, casting="same_kind"), False),
 ])
-def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build):
+def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build, masked):
     """``where=`` (and the other keywords) reach the operation: the masked elements keep their
-    value, as eagerly; on the strict device the mask is device data like the operands."""
+    value, as eagerly; on the strict device the mask is device data like the operands. CuPy's
+    ufuncs take no ``where=`` (only ``out``, ``dtype``, ``casting``): there a pending operand
+    changes nothing, the call is CuPy's TypeError lazily and eagerly alike."""
     def run(lazy):
         x = xp.asarray(np.arange(4.0))
         mask = xp.asarray(np.array([True, False, True, False]))
@@ -184,6 +186,11 @@ def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build):
         assert result is out or (type(result) is tuple and result[0] is out)
         return host(out).tolist()
 
+    if masked and backend_name(xp) == "cupy":
+        for lazy in (True, False):
+            with pytest.raises(TypeError, match="where"):
+                run(lazy)
+        return
     assert run(True) == run(False)
 
 
