@@ -14,7 +14,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim
-from gpuscalar.backend import NUMPY
+from gpuscalar.devices import NUMPY
 
 N_TENSORS = 20
 SHAPES = [(64, 32) if k % 2 else (32,) for k in range(N_TENSORS)]

@@ -5,7 +5,7 @@ saves a launch only if gpuscalar's Python before CuPy's launch stays well below 
 (~10 us of CPU time in CuPy). That cost cannot be seen on NumPy (another code path) and a GPU is
 rarely at hand, so this script runs the real CuPy path on real ``cupy.ndarray`` objects over
 fake, host-backed device memory (`tests.cupy_fake`) and replaces the two calls that need the CUDA
-runtime: the launch (`gpuscalar.backend.CUPY.call`) by a recorder that returns the output array
+runtime: the launch (`gpuscalar.devices.CUPY.call`) by a recorder that returns the output array
 (the caller's ``out``, or a preallocated fake array of the result's shape), and the device switch
 (``CUPY.device_context``) by a no-op. What is timed is then gpuscalar's Python plus CuPy's
 argument handling up to the launch call (``cupy.multiply(..., out=w)`` dispatch for that row).
@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tests package
 
 import gpuscalar as gs  # noqa: E402
-from gpuscalar.backend import CUPY  # noqa: E402
+from gpuscalar.devices import CUPY  # noqa: E402
 from gpuscalar.lazy import fusion  # noqa: E402
 from tests.cupy_fake import fake_memory, from_host  # noqa: E402
 

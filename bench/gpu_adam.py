@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import cupy
 
-    device = gs.backend.describe(gs.get_backend("cupy"))
+    device = gs.devices.describe(gs.get_backend("cupy"))
     rows = _large_rows(cupy, args.params, args.repeats, chunks)
     rows += _many_rows(cupy, args.tensors, args.tensor_size, args.repeats)
     rows += _torch_rows(args.params, args.tensors, args.tensor_size, args.repeats)

@@ -197,7 +197,7 @@ def measure(steps: int, chunk: int, repeats: int) -> dict[str, Any]:
         row["speedup_vs_cupy_float"] = rows["cupy float"]["median_ms"] / row["median_ms"]
     totals = {name: row["total"] for name, row in rows.items()}
     return {"steps": steps, "chunk": chunk, "repeats": repeats, "n": N, "d": D,
-            "device": gs.backend.describe(gs.get_backend("cupy")), "versions": rows,
+            "device": gs.devices.describe(gs.get_backend("cupy")), "versions": rows,
             "identical_to_eager": identical_to_eager(weights, totals)}
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import gpuscalar as gs
-from gpuscalar.backend import get_backend
+from gpuscalar.devices import get_backend
 from gpuscalar.tools.benchmarks import progress
 
 
@@ -113,7 +113,7 @@ def measure(backend_name: str = "numpy", number: int = 20000, repeat: int = 7, *
         return measured
 
     ops, helpers = rows(cases(xp)), rows(helper_cases(xp))
-    return {"backend": backend_name, "device": gs.backend.describe(backend), "ops": ops,
+    return {"backend": backend_name, "device": gs.devices.describe(backend), "ops": ops,
             "helpers": helpers, "read_latency_us": read_latency(backend_name) * 1e6,
             "read_is_device_sync": not backend.evaluates_on_host}
 

@@ -7,11 +7,12 @@ Importing gpuscalar never imports CuPy.
 # GPUScalar's operators and array operations first: they register behind its hooks
 from . import arrays, operators  # noqa: F401, I001
 from . import ad, distributed, linalg, optim, strict
-from .backend import Backend, default_backend, get_backend, gpu_available
+from .backend import Backend
+from .devices import default_backend, get_backend, gpu_available
 from .control import cond, while_loop
 from .deferred import MetricLog, read
-from .cuda.graphs import CapturedStep, capture
-from .cuda.linalg import matmul
+from .devices.cupy.graphs import CapturedStep, capture
+from .devices.cupy.linalg import matmul
 from .lazy.expr import cache_size, lazy, set_cache_size
 from .math import (
     abs,

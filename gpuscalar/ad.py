@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import promote
-from .backend import backend_of
+from .devices import backend_of
 from .math import log, where
 from .reduce import unbroadcast
 from .scalar import GPUScalar, _array_of, asscalar

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from . import ledger, promote
-from .backend import Backend, backend_of
+from .backend import Backend
+from .devices import backend_of
 from .lazy import fusion
 from .lazy.expr import KEEP_NODES, SIZE, Node
 from .operators import _lazy_ufunc

@@ -1,14 +1,14 @@
 """The rules of a body recorded once and run many times, and the host executor of device loops.
 
-Why this module exists: `gs.while_loop` and `gs.cond` (`gpuscalar.control`) run their predicate
-and bodies under `gs.capture`'s rules on every backend, and two executors carry them out: the
-host executor here (NumPy, the strict device: the predicate read is the device's decision, not a
-sync; the whole loop is one device op) and the CUDA one (`gpuscalar.cuda.control`, conditional
-graph nodes). Both need the same rules (`body_rules`: no sync, no host-to-device copy, no
-evaluation cached on a scalar), the same predicate checks and the same loop state (`commit`:
-a body updates the state in place and returns None, or returns the new state, which is copied
-into the state's buffers); keeping them below both executors is what lets `control` choose
-between them without an import circle.
+Why this module exists: `gs.while_loop` and `gs.cond` (`gpuscalar.control`) run their predicate and
+bodies under `gs.capture`'s rules on every backend, and two executors carry them out: the host
+executor here (NumPy, the strict device: the predicate read is the device's decision, not a sync;
+the whole loop is one device op) and the CUDA one (`gpuscalar.devices.cupy.control`, conditional
+graph nodes). Both need the same rules (`body_rules`: no sync, no host-to-device copy, no evaluation
+cached on a scalar), the same predicate checks and the same loop state (`commit`: a body updates the
+state in place and returns None, or returns the new state, which is copied into the state's
+buffers); keeping them below both executors is what lets `control` choose between them without an
+import circle.
 
 The CPU checks what the GPU records. A GPU records a loop's body once, and both branches of a
 `cond`, whatever the predicate says; recording executes nothing. So the host executor checks a
@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from . import ledger
-from .backend import NUMPY, Backend, backend_of
+from .backend import Backend
+from .devices import NUMPY, backend_of
 from .scalar import GPUScalar, _array_of, _make_array, _wrap
 
 __all__ = ["check_returned_none", "predicate_array", "body_rules", "count_scalar", "host_while",
@@ -205,7 +206,7 @@ def body_rules(backend: Backend) -> Iterator[None]:
     """What ``cond``, ``body`` and the branches run under: `gs.capture`'s guard (every sync
     raises, the array library's own included), no host-to-device copy (`ledger.graph_body`),
     and no evaluation cached on a scalar (`ledger.loop_body`)."""
-    from .cuda import graphs  # noqa: PLC0415 - graphs imports linalg (cuBLAS): only when looping
+    from .devices.cupy import graphs  # noqa: PLC0415 - graphs imports linalg (cuBLAS): only when looping
 
     with graphs._guarded(backend, recording=False), ledger.graph_body(), ledger.loop_body():
         yield

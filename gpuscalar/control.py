@@ -22,7 +22,7 @@ times, and both branches are checked though one runs (`bodies.check_run`).
 
 On NumPy and the strict device this module runs them on the host (the "host executor"): the
 predicate reads are not syncs (they stand for the device's decision), and the whole loop or
-branch counts as ONE device op, as a graph launch does. On CuPy, `gpuscalar.cuda.control`
+branch counts as ONE device op, as a graph launch does. On CuPy, `gpuscalar.devices.cupy.control`
 records conditional nodes (or falls back to a host loop with one counted sync per iteration,
 with a warning, where conditional nodes are unavailable).
 """
@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .backend import CUPY, NUMPY, Backend, backend_of, default_backend
+from .backend import Backend
 from .bodies import host_cond, host_while, predicate_array, refuse_scalar_state
+from .devices import CUPY, NUMPY, backend_of, default_backend
 from .scalar import GPUScalar
 
 __all__ = ["while_loop", "cond"]
@@ -114,7 +115,7 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], *state: Any,
     refuse_scalar_state(state)
     backend, device = _placement("while_loop", state)
     if backend is CUPY:
-        from .cuda import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
+        from .devices.cupy import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
 
         return cuda_control.while_loop(cond, body, state, limit, device)
     return host_while(cond, body, state, limit, backend, device)
@@ -136,7 +137,7 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
     else:  # not a device value: the error saying what a predicate is
         raise AssertionError(predicate_array(pred, NUMPY, "cond"))  # (always raises)
     if backend is CUPY:
-        from .cuda import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
+        from .devices.cupy import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
 
         cuda_control.cond(pred, true_fn, false_fn, operands, device)
         return

@@ -9,7 +9,8 @@ the device's queue. Two answers, on every backend:
 - `MetricLog` keeps a ring of rows on the device. ``record(**values)`` writes a row with one
   kernel (no sync, no host-to-device copy: Python numbers are kernel arguments), inside
   `gs.capture` steps and `gs.while_loop`/`gs.cond` bodies too, since a device counter picks the
-  row. The rows reach the host late, by asynchronous copies (`gpuscalar.cuda.metrics` on CuPy);
+  row. The rows reach the host late, by asynchronous copies (`gpuscalar.devices.cupy.metrics` on
+  CuPy);
   ``ready()`` hands over the rows that have arrived, never waiting; ``flush()`` waits for the
   rest (one counted sync). A row overwritten before the host drained it is counted
   (``dropped``) and reported with a `DroppedRowsWarning`, never lost silently.
@@ -33,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from . import ledger, sync
-from .backend import CUPY, Backend, backend_of, default_backend
+from .backend import Backend
+from .devices import CUPY, backend_of, default_backend
 from .known import UNREAD, python_value, remember, value_of
 from .lazy import expr, fusion
 from .reads import known_result
@@ -561,7 +563,7 @@ def _make_ring(backend: Backend, device: object, layout: RowLayout) -> Any:
     if backend.evaluates_on_host:
         return HostRing(backend, device, layout)
     if backend is CUPY:
-        from .cuda import metrics  # noqa: PLC0415 - CUDA only when on CuPy
+        from .devices.cupy import metrics  # noqa: PLC0415 - CUDA only when on CuPy
 
         return metrics.CudaRing(device, layout)
     raise TypeError(f"gs.MetricLog: no ring for the {backend.name} backend")

@@ -23,7 +23,8 @@ import numpy as np
 
 from . import promote
 from .arrays import _common_backend, _operand_label, _stand_in, apply_ufunc
-from .backend import Backend, backend_of
+from .backend import Backend
+from .devices import backend_of
 from .lazy import expr
 from .lazy.expr import Node, make_node
 from .operators import (

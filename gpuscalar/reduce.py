@@ -17,8 +17,9 @@ from typing import Any, Literal, Protocol, cast, overload
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .backend import Backend, backend_of
-from .cuda import linalg
+from .backend import Backend
+from .devices import backend_of
+from .devices.cupy import linalg
 from .scalar import GPUScalar, _array_of, _wrap
 from .sync import describe
 
@@ -212,7 +213,8 @@ def dot(a: Any, b: Any) -> Any:
 
     Works in `gs.while_loop`/`gs.cond` bodies and `gs.capture` steps on every device, for
     every float and complex dtype: where CuPy's cuBLAS would refuse the recording stream,
-    vectors take gpuscalar's own dot kernel and matrices `gs.matmul` (`gpuscalar.cuda.linalg`).
+    vectors take gpuscalar's own dot kernel and matrices `gs.matmul`
+    (`gpuscalar.devices.cupy.linalg`).
     """
     backend, array_a, array_b = _pair(a, b, "dot")
     return _result(backend, linalg.dot(backend, array_a, array_b))

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 import numpy as np
 
 from . import known, ledger, promote, reads, sync
-from .backend import NUMPY, Backend, backend_of, get_backend
+from .backend import Backend
+from .devices import NUMPY, backend_of, get_backend
 from .lazy import expr, fusion
 from .lazy.expr import SIZE, Node, make_node
 

@@ -5,9 +5,9 @@ sparse, and CuPy's ``A @ x`` calls cuSPARSE, which refuses a stream being captur
 sparse product cannot sit in a `gs.while_loop` body or a `gs.capture` step with CuPy alone.
 ``gs.spmv(A, x, out=None)`` computes ``A @ x`` for a CSR matrix on every device:
 
-- CuPy: ``cupyx.scipy.sparse.csr_matrix`` with gpuscalar's own kernel (`gpuscalar.cuda.products`:
-  one thread per row, int32 or int64 indices), one launch, no library handle, no
-  host-to-device copy: recordable in every body, and the same path outside one;
+- CuPy: ``cupyx.scipy.sparse.csr_matrix`` with gpuscalar's own kernel
+  (`gpuscalar.devices.cupy.products`: one thread per row, int32 or int64 indices), one launch, no
+  library handle, no host-to-device copy: recordable in every body, and the same path outside one;
 - NumPy: ``scipy.sparse`` CSR matrices and arrays (``csr_matrix``/``csr_array``), SciPy's
   product on the host (one counted device op);
 - the strict device: `gpuscalar.strict_sparse.csr_matrix`, CuPy's class with strict arrays
@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from . import strict_sparse
-from .backend import CUPY, NUMPY, Backend, backend_of, relative_extent
-from .cuda import products
+from .backend import Backend, relative_extent
+from .devices import CUPY, NUMPY, backend_of
+from .devices.cupy import products
 from .strict import STRICT
 
 __all__ = ["spmv", "as_csr", "is_sparse", "sparse_format", "SPARSE_DTYPES"]

@@ -62,7 +62,8 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import strict_capture, sync
-from .backend import Backend, register_backend
+from .backend import Backend
+from .devices import register_backend
 from .known import INCOMING, arrive
 from .strict_capture import (
     CUBLAS_CAPTURE_MESSAGE,

@@ -47,7 +47,7 @@ import numpy as np
 from cupy._core import syncdetect
 
 from gpuscalar import sync
-from gpuscalar.backend import CUPY
+from gpuscalar.devices import CUPY
 
 from .cupy_fake import FakeMemory, fake_memory, host_view
 from .cupy_seam import Launch, RecordingSeam

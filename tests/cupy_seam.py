@@ -1,4 +1,5 @@
-"""A recording double for gpuscalar's CUDA seam (`gpuscalar.backend.CudaSeam`): CuPy without a GPU.
+"""A recording double for gpuscalar's CUDA seam (`gpuscalar.devices.cupy.backend.CudaSeam`):
+CuPy without a GPU.
 
 Why this file exists: `tests/cupy_fake.py` gives real ``cupy.ndarray`` objects over fake device
 memory, so CuPy's own dispatch runs until its first CUDA runtime call. gpuscalar's own launches
@@ -20,8 +21,8 @@ launch gpuscalar makes,
 It also records every host->device copy (`RecordingSeam.uploads`, including ``xp.asarray`` of
 host data) and every device->host read (`reads`), hands out fake streams whose capture records
 launches into a `FakeGraph` (replayed by ``graph.launch()``; an upload while capturing is refused
-with CuPy's own message), and records cuBLAS calls (`blas`), checked against gpuscalar.cuda.cublas's
-signature table.
+with CuPy's own message), and records cuBLAS calls (`blas`), checked against
+gpuscalar.devices.cupy.cublas's signature table.
 
 Usage::
 
@@ -43,9 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from gpuscalar.backend import CUPY, CudaSeam
-from gpuscalar.cuda import control as cuda_control
-from gpuscalar.cuda import cublas, metrics
+from gpuscalar.devices import CUPY
+from gpuscalar.devices.cupy import control as cuda_control
+from gpuscalar.devices.cupy import cublas, metrics
+from gpuscalar.devices.cupy.backend import CudaSeam
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
 
@@ -53,7 +55,7 @@ from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host,
 
 C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32,
            "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
-#: the one-word type names of gs.MetricLog's record kernels (gpuscalar.cuda.metrics.C_NAMES)
+#: the one-word type names of gs.MetricLog's record kernels (gpuscalar.devices.cupy.metrics.C_NAMES)
 C_TYPES.update({name: dtype.type for dtype, name in metrics.C_NAMES.items()})
 
 
@@ -325,7 +327,7 @@ def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
         target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
 
 
-#: One store of a gs.MetricLog record kernel (`gpuscalar.cuda.metrics.record_source`): a
+#: One store of a gs.MetricLog record kernel (`gpuscalar.devices.cupy.metrics.record_source`): a
 #: column written at byte OFFSET of the row from a parameter (by value, or ``NAME[0]``).
 _RECORD_STORE = re.compile(
     r"\*reinterpret_cast<(\w+)\*>\(_gs_row \+ (\d+)\) = static_cast<\w+>\((\w+)(\[0\])?\);")
@@ -808,7 +810,7 @@ class RecordingSeam(CudaSeam):
         stream.captured = None
         self._restore(getattr(stream, "snapshot", None))
 
-    # ---- conditional nodes (gpuscalar.cuda.control) ----
+    # ---- conditional nodes (gpuscalar.devices.cupy.control) ----
 
     #: what `conditional_nodes_unavailable` answers (a reason: gs.while_loop falls back)
     conditional_reason: str | None = None
@@ -893,7 +895,7 @@ def recording(memory: FakeMemory, *, check: bool = True,
         yield seam
 
 
-# ---- complex kernel parameters (gpuscalar.cuda.products: CuPy's complex<T> as cfloat/cdouble) ----
+# ---- complex kernel parameters (devices.cupy.products: CuPy's complex<T> as cfloat/cdouble) ----
 
 C_TYPES.update({"cfloat": np.complex64, "cdouble": np.complex128})
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import backend
+from gpuscalar import devices
 
 
 def test_import_gpuscalar_does_not_import_cupy():
@@ -20,9 +20,9 @@ def test_import_gpuscalar_does_not_import_cupy():
 
 
 def test_backend_of_recognises_numpy_and_nothing_else():
-    assert backend.backend_of(np.zeros(2)) is backend.NUMPY
+    assert devices.backend_of(np.zeros(2)) is devices.NUMPY
     for value in ([1.0], 1.0, "x", None, np.float64(1)):
-        assert backend.backend_of(value) is None
+        assert devices.backend_of(value) is None
 
 
 def test_cupy_arrays_are_recognised_through_sys_modules(monkeypatch):
@@ -33,9 +33,9 @@ def test_cupy_arrays_are_recognised_through_sys_modules(monkeypatch):
         ndarray = FakeCupyArray
 
     monkeypatch.setitem(sys.modules, "cupy", FakeCupyModule)
-    assert backend.backend_of(FakeCupyArray()) is backend.CUPY
+    assert devices.backend_of(FakeCupyArray()) is devices.CUPY
     monkeypatch.delitem(sys.modules, "cupy")
-    assert backend.backend_of(FakeCupyArray()) is None
+    assert devices.backend_of(FakeCupyArray()) is None
 
 
 def test_cupy_imports_and_default_backend_follows_the_device():
@@ -43,34 +43,34 @@ def test_cupy_imports_and_default_backend_follows_the_device():
     # machine the same test sees the device.
     cupy = pytest.importorskip("cupy")
     try:
-        devices = cupy.cuda.runtime.getDeviceCount()
+        count = cupy.cuda.runtime.getDeviceCount()
     except Exception:  # noqa: BLE001 - no driver or no device: CuPy's own answer is "none"
-        devices = 0
-    assert gs.gpu_available() is (devices > 0)
-    assert gs.default_backend() is (backend.CUPY if devices > 0 else backend.NUMPY)
-    assert gs.get_backend("cupy") is backend.CUPY
+        count = 0
+    assert gs.gpu_available() is (count > 0)
+    assert gs.default_backend() is (devices.CUPY if count > 0 else devices.NUMPY)
+    assert gs.get_backend("cupy") is devices.CUPY
 
 
 def test_get_backend_rejects_unknown_names():
-    assert gs.get_backend("numpy") is backend.NUMPY
+    assert gs.get_backend("numpy") is devices.NUMPY
     with pytest.raises(ValueError, match="'jax'.*'cupy', 'strict', 'numpy'"):
         gs.get_backend("jax")
 
 
 def test_every_call_through_dispatch_is_one_device_op():
     with gs.count_syncs() as counter:
-        backend.NUMPY.call(np.add, np.ones(2), 1.0)
-        backend.NUMPY.vector_norm(np.ones(2), ord=2, axis=None, keepdims=False)
+        devices.NUMPY.call(np.add, np.ones(2), 1.0)
+        devices.NUMPY.vector_norm(np.ones(2), ord=2, axis=None, keepdims=False)
     assert counter.device_ops == 2 and counter.count == 0
 
 
 def test_ufunc_lookup_is_cached_per_backend():
-    assert backend.NUMPY.ufunc("add") is np.add
-    assert backend.NUMPY.ufunc("add") is backend.NUMPY.ufunc("add")
+    assert devices.NUMPY.ufunc("add") is np.add
+    assert devices.NUMPY.ufunc("add") is devices.NUMPY.ufunc("add")
     with pytest.raises(AttributeError):
-        backend.NUMPY.ufunc("no_such_ufunc")
+        devices.NUMPY.ufunc("no_such_ufunc")
 
 
 def test_describe_names_the_cpu_and_numpy():
-    text = backend.describe(backend.NUMPY)
+    text = devices.describe(devices.NUMPY)
     assert text.startswith("CPU") and np.__version__ in text

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import backend as backend_module
+from gpuscalar import devices
 from gpuscalar.__main__ import main as cli_main
 from gpuscalar.tools import benchmarks
 from gpuscalar.tools.workloads import WORKLOADS
@@ -74,7 +74,7 @@ def test_float_path_sync_counts_follow_the_code():
 
 
 def test_measure_reports_counts_times_and_agreement():
-    result = benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick", 2)
+    result = benchmarks.measure(WORKLOADS["lr_schedule"], devices.NUMPY, "quick", 2)
     assert result.float.syncs == 100 and result.gpuscalar.syncs == 0
     assert len(result.float.times_s) == 2 and result.gpuscalar.median_s > 0
     assert result.gpuscalar.gpuscalar_syncs_on_backend == 0
@@ -87,13 +87,13 @@ def test_measure_reports_counts_times_and_agreement():
 @pytest.mark.parametrize("repeats", [0, 1.5])
 def test_measure_rejects_bad_repeats(repeats):
     with pytest.raises(ValueError, match="repeats must be a positive int"):
-        benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick", repeats)
+        benchmarks.measure(WORKLOADS["lr_schedule"], devices.NUMPY, "quick", repeats)
 
 
 def test_a_device_repeat_count_is_named_without_a_sync():
     with gs.sync_guard("error"), pytest.raises(
             ValueError, match="repeats must be a positive int, got a GPUScalar of dtype int64"):
-        benchmarks.measure(WORKLOADS["lr_schedule"], backend_module.NUMPY, "quick",
+        benchmarks.measure(WORKLOADS["lr_schedule"], devices.NUMPY, "quick",
                            gs.asscalar(3))
 
 
@@ -112,7 +112,7 @@ def test_bench_quick_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["backend"] == "numpy"
-    assert report["device"] == backend_module.describe(backend_module.NUMPY)
+    assert report["device"] == devices.describe(devices.NUMPY)
     assert report["size"] == "quick" and report["repeats"] == 5
     assert report["date"][:4].isdigit()
     assert {"python", "numpy", "gpuscalar"} <= set(report["versions"])
@@ -128,7 +128,7 @@ def test_bench_quick_json(tmp_path, capsys):
 
 
 def test_bench_runs_a_selected_workload_on_the_default_backend(capsys, monkeypatch):
-    monkeypatch.setattr(backend_module, "gpu_available", lambda: False)
+    monkeypatch.setattr(devices, "gpu_available", lambda: False)
     assert benchmarks.main(["--quick", "--workload", "jacobi"]) == 0
     printed = capsys.readouterr().out
     assert "numpy backend" in printed and "jacobi" in printed and "train_logging" not in printed
@@ -145,7 +145,7 @@ def test_bench_unknown_workload_is_a_usage_error(capsys):
 
 
 def test_bench_cupy_without_gpu_is_a_one_line_error(capsys, monkeypatch):
-    monkeypatch.setattr(backend_module, "gpu_available", lambda: False)
+    monkeypatch.setattr(devices, "gpu_available", lambda: False)
     assert benchmarks.main(["--backend", "cupy", "--quick"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -10,8 +10,8 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import ledger, optim, strict, sync
-from gpuscalar.backend import CUPY
-from gpuscalar.cuda import graphs, linalg
+from gpuscalar.devices import CUPY
+from gpuscalar.devices.cupy import graphs, linalg
 
 from .helpers import backend_name, host
 

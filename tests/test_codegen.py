@@ -306,7 +306,7 @@ def test_missing_cupy_internals_make_fusion_unsupported(monkeypatch):
 def test_missing_cupy_internals_make_array_operations_eager(monkeypatch):
     from cupy._core import _scalar
 
-    from gpuscalar.backend import CUPY
+    from gpuscalar.devices import CUPY
     from gpuscalar.lazy import fusion
 
     fake = type("ufunc", (), {})()  # no _ops, no _out_ops

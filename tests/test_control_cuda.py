@@ -19,9 +19,10 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import sync
-from gpuscalar.backend import CUPY
-from gpuscalar.cuda import conditional as cuda_conditional
-from gpuscalar.cuda import control as cuda_control
+from gpuscalar.devices import CUPY
+from gpuscalar.devices.cupy import conditional as cuda_conditional
+from gpuscalar.devices.cupy import control as cuda_control
+from gpuscalar.devices.cupy.backend import CudaSeam
 
 from . import nvrtc
 from .cupy_fake import cupy_or_fail, fake_memory, host_view
@@ -290,7 +291,7 @@ def test_the_fallback_checks_the_branch_not_taken_and_nested_loops_by_recording(
 
 def test_the_real_seam_names_why_conditional_nodes_are_unavailable(monkeypatch):
     cupy = cupy_or_fail()
-    seam = gs.backend.CudaSeam()
+    seam = CudaSeam()
     monkeypatch.setattr(cupy.cuda.runtime, "driverGetVersion", lambda: 12020)
     assert seam.conditional_nodes_unavailable() == "the CUDA driver supports CUDA 12.2, < 12.3"
     monkeypatch.setattr(cupy.cuda.runtime, "driverGetVersion", lambda: 12090)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 import gpuscalar as gs
-from gpuscalar.cuda import cublas
+from gpuscalar.devices.cupy import cublas
 
 
 @pytest.fixture(scope="module")

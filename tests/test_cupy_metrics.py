@@ -21,8 +21,8 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import known, sync
-from gpuscalar.cuda import metrics
 from gpuscalar.deferred import DroppedRowsWarning
+from gpuscalar.devices.cupy import metrics
 
 from .cupy_fake import cupy_or_fail, fake_memory, host_view
 from .cupy_seam import RecordingSeam, covers, recording
@@ -143,8 +143,8 @@ def test_a_captured_step_records_into_successive_rows_with_no_upload(dev):
     log = gs.MetricLog(capacity=16)
 
     def step(x: object) -> None:
-        gs.backend.CUPY.call(cupy.multiply, x, 2.0, out=x)
-        gs.backend.CUPY.call(cupy.multiply, first, 2.0, out=first)
+        gs.devices.CUPY.call(cupy.multiply, x, 2.0, out=x)
+        gs.devices.CUPY.call(cupy.multiply, first, 2.0, out=first)
         log.record(total=gs.sum(x) * 1.0, first=first, lr=0.5)
 
     captured = gs.capture(step, x, warmup=1)

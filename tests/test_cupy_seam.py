@@ -38,13 +38,13 @@ def _data(n: int = 6, dtype: type = np.float64, seed: int = 0) -> np.ndarray:
 
 
 def test_the_seam_is_restored_and_refuses_a_non_seam():
-    before = gs.backend.CUPY.seam
+    before = gs.devices.CUPY.seam
     with fake_memory() as memory, recording(memory) as seam:
-        assert gs.backend.CUPY.seam is seam
-    assert gs.backend.CUPY.seam is before
-    assert "call" not in vars(gs.backend.CUPY)  # the real seam: Backend.call, nothing added
+        assert gs.devices.CUPY.seam is seam
+    assert gs.devices.CUPY.seam is before
+    assert "call" not in vars(gs.devices.CUPY)  # the real seam: Backend.call, nothing added
     with pytest.raises(TypeError, match="expected a CudaSeam, got object"):
-        with gs.backend.CUPY.seam_replaced(object()):  # type: ignore[arg-type]
+        with gs.devices.CUPY.seam_replaced(object()):  # type: ignore[arg-type]
             pass
 
 
@@ -52,7 +52,7 @@ def test_the_seam_rejects_a_launch_cupy_refuses(dev):
     """The check is real: a launch CuPy's own argument handling refuses fails the test."""
     x = dev.array(_data())
     with pytest.raises(AssertionError, match="CuPy refuses gpuscalar's function launch of sum"):
-        gs.backend.CUPY.call(cupy_or_fail().sum, x, bogus=1)
+        gs.devices.CUPY.call(cupy_or_fail().sum, x, bogus=1)
 
 
 def test_the_seam_rejects_a_raw_argument_of_the_wrong_type(dev):
@@ -61,20 +61,20 @@ def test_the_seam_rejects_a_raw_argument_of_the_wrong_type(dev):
     kernel = cupy.RawKernel(source, "k")
     x = dev.array(_data())
     with pytest.raises(AssertionError, match="long long n got int"):
-        gs.backend.CUPY.call(kernel, (1,), (32,), (x, 6))
+        gs.devices.CUPY.call(kernel, (1,), (32,), (x, 6))
     with pytest.raises(AssertionError, match="double"):
-        gs.backend.CUPY.call(kernel, (1,), (32,), (dev.array(_data(dtype=np.float32)),
+        gs.devices.CUPY.call(kernel, (1,), (32,), (dev.array(_data(dtype=np.float32)),
                                                      np.int64(6)))
 
 
 def test_the_seam_sees_the_pointer_table_cupy_uploads_for_many_arrays(dev):
     cupy = cupy_or_fail()
     few, many = ([dev.array(_data(3, seed=i)) for i in range(n)] for n in (8, 9))
-    gs.backend.CUPY.call(cupy.stack, few)
+    gs.devices.CUPY.call(cupy.stack, few)
     assert not dev.uploads
-    gs.backend.CUPY.call(cupy.stack, many)
+    gs.devices.CUPY.call(cupy.stack, many)
     assert [u.how for u in dev.uploads] == ["xp.stack's pointer table (9 arrays)"]
-    gs.backend.CUPY.call(cupy.stack, [*many[:8], dev.array(_data(3, np.float32))])
+    gs.devices.CUPY.call(cupy.stack, [*many[:8], dev.array(_data(3, np.float32))])
     assert len(dev.uploads) == 1  # mixed dtypes: CuPy copies them one by one
 
 
@@ -84,15 +84,15 @@ def test_the_seam_checks_what_cupy_decides_after_its_first_cuda_call(dev):
     cupy = cupy_or_fail()
     x, counts = dev.array(_data()), dev.array(np.zeros(6, np.int64))
     with pytest.raises(AssertionError, match="float64 result cannot be cast to the int64"):
-        gs.backend.CUPY.call(cupy.add, x, 1.0, out=counts)
+        gs.devices.CUPY.call(cupy.add, x, 1.0, out=counts)
     with pytest.raises(AssertionError, match="take no \\['keepdims'\\]"):
-        gs.backend.CUPY.call(cupy.add, x, 1.0, keepdims=True)
+        gs.devices.CUPY.call(cupy.add, x, 1.0, keepdims=True)
     with pytest.raises(AssertionError, match="cannot be broadcast"):
-        gs.backend.CUPY.call(cupy.add, x, 1.0, out=dev.array(np.zeros(3)))
+        gs.devices.CUPY.call(cupy.add, x, 1.0, out=dev.array(np.zeros(3)))
     kernel = cupy.ElementwiseKernel("T a, T b", "T c", "c = a + b", "gs_test_add")
     with pytest.raises(AssertionError, match="Type is mismatched"):
-        gs.backend.CUPY.call(kernel, x, dev.array(np.ones(6, np.float32)))
-    assert gs.backend.CUPY.call(kernel, x, x).shape == (6,)  # and a right call passes
+        gs.devices.CUPY.call(kernel, x, dev.array(np.ones(6, np.float32)))
+    assert gs.devices.CUPY.call(kernel, x, x).shape == (6,)  # and a right call passes
 
 
 # ---- scalars: lazy expressions and folds -----------------------------------------------------
@@ -292,7 +292,7 @@ def test_a_captured_optimizer_step_records_replays_and_uploads_nothing(dev):
         return gs.global_norm(params)
 
     captured = gs.capture(step, params[0], warmup=1)
-    assert captured.backend is gs.backend.CUPY
+    assert captured.backend is gs.devices.CUPY
     assert len(dev.graphs) == 1 and not dev.uploads
     recorded = dev.graphs[0].launches
     assert [launch.kind for launch in recorded].count("raw") >= 2
@@ -307,7 +307,7 @@ def test_a_captured_optimizer_step_records_replays_and_uploads_nothing(dev):
 def test_device_objects_made_through_the_recorder_do_not_outlive_it():
     """cuBLAS handles and alpha/beta constants made through a double (fake memory, fake
     handles) are dropped when the seam is restored; what the real seam made comes back."""
-    from gpuscalar.cuda import linalg
+    from gpuscalar.devices.cupy import linalg
 
     sentinel = ("real seam", np.dtype(np.float64), "0x0p+0")  # stands for a real constant
     linalg._CONSTANTS[sentinel] = real = object()
@@ -348,7 +348,7 @@ def test_a_host_to_device_copy_while_capturing_is_refused_as_cupy_refuses_it(dev
     x = dev.array(_data())
 
     def step(x: object) -> None:
-        gs.backend.CUPY.call(cupy.asarray, np.ones(3))  # what CuPy refuses while capturing
+        gs.devices.CUPY.call(cupy.asarray, np.ones(3))  # what CuPy refuses while capturing
 
     with pytest.raises(RuntimeError, match="a captured step cannot copy host data"):
         gs.capture(step, x, warmup=0)

@@ -13,7 +13,7 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import __main__ as cli
 from gpuscalar import strict
-from gpuscalar.backend import NUMPY
+from gpuscalar.devices import NUMPY
 from gpuscalar.tools import demo
 
 

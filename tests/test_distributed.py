@@ -165,7 +165,7 @@ def _nccl_setup():
     for op in ("sum", "mean", "prod", "max")
     if not (dtype.startswith("complex") and op in ("prod", "max"))])  # (refused: see below)
 def test_nccl_is_stream_ordered_packed_and_never_reads_the_host(dtype, op):
-    from gpuscalar.backend import CUPY
+    from gpuscalar.devices import CUPY
     from gpuscalar.distributed.nccl import NCCL_OPS, NCCL_TYPES
 
     from .cupy_fake import host_view

@@ -491,7 +491,7 @@ def test_a_host_read_on_cupy_is_one_packing_kernel_and_one_transfer():
 def test_each_backend_has_one_executor_and_its_scalars_use_it(xp, monkeypatch):
     """Evaluation picks its executor once per backend (host evaluator, or CuPy's fused
     kernels); a pending scalar is materialized by its class's executor, one call."""
-    from gpuscalar.backend import backend_of
+    from gpuscalar.devices import backend_of
     from gpuscalar.lazy import fusion
 
     backend = backend_of(xp.zeros(1))

@@ -20,7 +20,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim
-from gpuscalar.backend import CupyBackend
+from gpuscalar.devices.cupy.backend import CupyBackend
 from gpuscalar.optim import executors
 from gpuscalar.optim.adam import ADAM
 from gpuscalar.optim.kernels import (

@@ -14,7 +14,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import gpuscalar as gs
 from gpuscalar import strict, sync
-from gpuscalar.cuda import cublas, graphs, linalg
+from gpuscalar.devices.cupy import cublas, graphs, linalg
 
 from .helpers import host
 

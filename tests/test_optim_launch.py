@@ -35,8 +35,8 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim, sync
-from gpuscalar.backend import CUPY
-from gpuscalar.cuda import control as cuda_control
+from gpuscalar.devices import CUPY
+from gpuscalar.devices.cupy import control as cuda_control
 from gpuscalar.lazy import codegen, fusion
 from gpuscalar.optim import executors
 from gpuscalar.optim.kernels import (

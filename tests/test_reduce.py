@@ -748,7 +748,7 @@ def test_dot_and_vdot_in_a_cupy_loop_body_are_gpuscalars_kernel_not_cublas(dtype
     """Recorded in a loop body, a vector dot is gpuscalar's own kernel (one launch; two with
     partial sums above BLOCK * PER_THREAD elements), checked against its C signature and
     compiled by NVRTC; no cuBLAS call, no upload. Outside a recording it stays cupy.dot."""
-    from gpuscalar.cuda import products  # noqa: PLC0415
+    from gpuscalar.devices.cupy import products  # noqa: PLC0415
     from tests.cupy_fake import cupy_or_fail, fake_memory  # noqa: PLC0415
     from tests.cupy_seam import recording  # noqa: PLC0415
 
@@ -798,8 +798,8 @@ def test_a_matrix_dot_in_a_cupy_loop_body_is_gs_matmul_on_its_own_handle():
 @pytest.mark.parametrize(("dtype_x", "dtype_y"),
                          list(__import__("itertools").product(BODY_DTYPES, repeat=2)))
 def test_every_dot_kernel_compiles(nvrtc, dtype_x, dtype_y):
-    from gpuscalar.backend import CupyBackend  # noqa: PLC0415
-    from gpuscalar.cuda import products  # noqa: PLC0415
+    from gpuscalar.devices.cupy import products  # noqa: PLC0415
+    from gpuscalar.devices.cupy.backend import CupyBackend  # noqa: PLC0415
 
     from . import nvrtc as nv  # noqa: PLC0415
 

@@ -12,7 +12,7 @@ import scipy.sparse
 
 import gpuscalar as gs
 from gpuscalar import strict, strict_sparse, sync
-from gpuscalar.cuda import products
+from gpuscalar.devices.cupy import products
 
 from .helpers import host
 
@@ -297,7 +297,7 @@ def test_as_csr_on_cupy_uploads_the_three_arrays_before_any_loop(dev, rng, monke
 @pytest.mark.parametrize("index", [np.int32, np.int64])
 @pytest.mark.parametrize(("a_dtype", "x_dtype"), PAIRS)
 def test_every_csr_kernel_compiles(nvrtc, a_dtype, x_dtype, index):
-    from gpuscalar.backend import CupyBackend  # noqa: PLC0415
+    from gpuscalar.devices.cupy.backend import CupyBackend  # noqa: PLC0415
 
     from . import nvrtc as nv  # noqa: PLC0415
 

@@ -358,8 +358,8 @@ def test_repr_is_a_sync_and_names_the_device():
 
 def test_the_backend_is_registered_and_named():
     assert gs.get_backend("strict") is strict.STRICT
-    assert gs.backend.backend_of(xp.ones(1)) is strict.STRICT
-    assert "strict device" in gs.backend.describe(strict.STRICT)
+    assert gs.devices.backend_of(xp.ones(1)) is strict.STRICT
+    assert "strict device" in gs.devices.describe(strict.STRICT)
 
 
 # ---- CuPy's concatenate through a host-built pointer table (issue 15) ----------------------

@@ -18,7 +18,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import strict, sync
-from gpuscalar.backend import NUMPY, get_backend
+from gpuscalar.devices import NUMPY, get_backend
 
 
 def _next_line() -> int:

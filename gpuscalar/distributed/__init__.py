@@ -37,7 +37,8 @@ import sys
 from typing import Any
 
 from .. import ledger, sync
-from ..backend import Backend, backend_of
+from ..backend import Backend
+from ..devices import backend_of
 from ..known import remember
 from ..scalar import GPUScalar, _wrap
 from .nccl import NcclComm, is_nccl_communicator
@@ -155,7 +156,7 @@ def _in_capture_step() -> bool:
     """Whether a `gs.capture` step is being warmed up or recorded (a NCCL collective may be
     recorded there; a loop or branch body is refused by its own flag, except one nested in a
     capture step, which this cannot tell apart: NCCL's own error is raised there)."""
-    from ..cuda import graphs  # noqa: PLC0415 - only inside a body
+    from ..devices.cupy import graphs  # noqa: PLC0415 - only inside a body
 
     return bool(graphs._capturing.get(False))
 

@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import known, sync
-from ..backend import CUPY, Backend
+from ..backend import Backend
+from ..devices import CUPY
 from ..known import python_value
 from ..lazy import expr
 from ..scalar import _classes_for, _pending

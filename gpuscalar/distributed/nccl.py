@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import CUPY, Backend
+from ..backend import Backend
+from ..devices import CUPY
 from .packing import buffer_dtype, pack, unpack
 
 __all__ = ["NcclComm", "NCCL_TYPES", "NCCL_OPS", "is_nccl_communicator"]

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import CUPY, NUMPY, Backend
+from ..devices import CUPY, NUMPY, Backend
 from ..known import python_value
 from . import codegen, expr
 from .expr import DEFAULT_CACHE_SIZE, KEY, BoundedCache, cache_size, set_cache_size

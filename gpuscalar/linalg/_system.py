@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import NUMPY, Backend, backend_of
+from ..backend import Backend
 from ..control import while_loop
-from ..cuda.linalg import matmul
+from ..devices import NUMPY, backend_of
+from ..devices.cupy.linalg import matmul
 from ..math import maximum, where
 from ..reduce import dot, norm, vdot
 from ..scalar import GPUScalar, _wrap

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import sync
-from ..backend import Backend, backend_of
+from ..backend import Backend
+from ..devices import backend_of
 from ..scalar import GPUScalar
 from .executors import _read_only, executor_for
 from .kernels import KERNEL_DTYPE_NAMES, POINTER_DTYPE_NAMES

@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import reduce
 from ..arrays import apply_ufunc
-from ..backend import Backend, backend_of
+from ..backend import Backend
+from ..devices import backend_of
 from ..math import minimum
 from ..scalar import GPUScalar, _array_of
 from .checks import check_array, describe, hyper

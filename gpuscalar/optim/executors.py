@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..backend import CUPY, Backend
+from ..backend import Backend
+from ..devices import CUPY
 from ..lazy import codegen, expr
 from ..scalar import GPUScalar, _array_of, _node_of
 from .kernels import (

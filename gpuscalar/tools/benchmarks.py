@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, strict, sync
-from .. import backend as backend_module
+from .. import __version__, devices, strict, sync
 from ..reduce import max as device_max
 from ..reduce import sum as device_sum
 from ..scalar import GPUScalar
@@ -126,7 +125,7 @@ def settle(answer: dict[str, Any]) -> None:
             if isinstance(item, GPUScalar):
                 float(item)
                 return
-            if backend_module.backend_of(item) is not None:
+            if devices.backend_of(item) is not None:
                 float(device_sum(item))
                 return
 
@@ -146,7 +145,7 @@ def _time_path(workload: Workload, path: str, xp: ArrayModule, params: dict[str,
     return times, syncs, answer
 
 
-def measure(workload: Workload, backend: backend_module.Backend, size: str = "default",
+def measure(workload: Workload, backend: devices.Backend, size: str = "default",
             repeats: int = 5) -> WorkloadResult:
     """Count and time both paths of ``workload`` at ``size`` on ``backend``."""
     if type(repeats) is not int or repeats < 1:
@@ -181,7 +180,7 @@ def max_difference(a: Any, b: Any) -> float:
     one backend), computed on the device and read once."""
     if isinstance(a, (list, tuple)) and a and not isinstance(a[0], (int, float)):
         return max(max_difference(x, y) for x, y in zip(a, b, strict=True))
-    backend = backend_module.backend_of(a) or backend_module.backend_of(b)
+    backend = devices.backend_of(a) or devices.backend_of(b)
     if backend is None:
         return float(np.max(np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))))
     xp = backend.xp
@@ -250,9 +249,9 @@ LEGEND = ("legend: 'a -> b -> c' = float path -> gpuscalar path -> gpuscalar + c
           "ratio = float time / that path's time (> 1: faster than the float path).")
 
 
-def cpu_note(backend: backend_module.Backend) -> str | None:
+def cpu_note(backend: devices.Backend) -> str | None:
     """On a CPU backend, what the times mean and what carries over to a GPU; None on CuPy."""
-    if backend is backend_module.CUPY:
+    if backend is devices.CUPY:
         return None
     return (f"No GPU: times are CPU times ({backend.name}), where a sync is free and a launch "
             "costs ~0.5 us, so they measure gpuscalar's Python overhead, not what it saves. "
@@ -292,15 +291,15 @@ def main(argv: list[str]) -> int:
     except SystemExit as exit_:  # argparse already printed a one-line reason
         return int(exit_.code or 0)
     if args.backend == "cupy":
-        if not backend_module.gpu_available():
+        if not devices.gpu_available():
             print("gpuscalar bench: --backend cupy needs CuPy and a CUDA device, and none was "
                   "found; use --backend numpy", file=sys.stderr)
             return 2
-        backend = backend_module.get_backend("cupy")
+        backend = devices.get_backend("cupy")
     elif args.backend is not None:
-        backend = backend_module.get_backend(args.backend)
+        backend = devices.get_backend(args.backend)
     else:
-        backend = backend_module.default_backend()
+        backend = devices.default_backend()
     if args.json:
         try:
             with open(args.json, "a", encoding="utf-8"):
@@ -315,7 +314,7 @@ def main(argv: list[str]) -> int:
     for number, name in enumerate(names, 1):
         progress(f"gpuscalar bench: [{number}/{len(names)}] {name} ...", quiet=args.quiet)
         results.append(measure(get_workload(name), backend, size, repeats))
-    device = backend_module.describe(backend)
+    device = devices.describe(backend)
     print(f"gpuscalar bench: {backend.name} backend, {device}, {size} sizes, median of "
           f"{repeats} runs")
     note = cpu_note(backend)

@@ -25,7 +25,8 @@ from typing import Any
 
 import gpuscalar as gs
 from gpuscalar import strict, sync
-from gpuscalar.backend import Backend, default_backend, describe, get_backend
+from gpuscalar.backend import Backend
+from gpuscalar.devices import default_backend, describe, get_backend
 from gpuscalar.progressbar import TextOutput
 from gpuscalar.tools.benchmarks import cpu_note
 

@@ -20,7 +20,7 @@ from .. import math as gsm
 from .. import reduce as gsr
 from .. import scalar as gss
 from ..control import while_loop
-from ..cuda.linalg import matmul
+from ..devices.cupy.linalg import matmul
 
 __all__ = ["jacobi_inputs", "jacobi_float", "jacobi_gpuscalar", "jacobi_capture", "cg_inputs",
            "cg_float", "cg_gpuscalar", "cg_capture"]

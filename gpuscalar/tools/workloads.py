@@ -34,8 +34,8 @@ import numpy as np
 from .. import math as gsm
 from .. import reduce as gsr
 from .. import scalar as gss
-from ..cuda.graphs import CapturedStep, capture
-from ..cuda.linalg import matmul
+from ..devices.cupy.graphs import CapturedStep, capture
+from ..devices.cupy.linalg import matmul
 from ..optim import Adam, clip_grad_norm, sgd_step
 from ..sync import describe
 from . import solvers

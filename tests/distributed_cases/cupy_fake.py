@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import gpuscalar as gs  # noqa: E402
-from gpuscalar.backend import CUPY  # noqa: E402
+from gpuscalar.devices import CUPY  # noqa: E402
 from tests.cupy_fake import FakeMemory, host_view  # noqa: E402
 from tests.cupy_seam import recording  # noqa: E402
 

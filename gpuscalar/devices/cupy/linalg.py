@@ -27,11 +27,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import ledger, sparse, sync
-from ..backend import CUPY, Backend, backend_of, relative_extent
-from ..lazy.expr import BoundedCache
-from ..scalar import GPUScalar, _array_of, asscalar
+from ... import ledger, sparse, sync
+from ...backend import Backend, relative_extent
+from ...lazy.expr import BoundedCache
+from ...scalar import GPUScalar, _array_of, asscalar
+from .. import backend_of
 from . import cublas, products
+from .backend import CUPY
 
 __all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare", "release_stream",
            "close_handles", "dot", "vdot"]

@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import ledger, sync
-from ..backend import CUPY
-from ..bodies import (
+from ... import ledger, sync
+from ...bodies import (
     body_rules,
     check_returned_none,
     checking,
@@ -43,8 +42,9 @@ from ..bodies import (
     marked_checking,
     predicate_array,
 )
-from ..scalar import GPUScalar, _make_array, _wrap
+from ...scalar import GPUScalar, _make_array, _wrap
 from . import graphs, linalg
+from .backend import CUPY
 
 __all__ = ["CONDITION_SOURCE", "CONDITION_KERNEL", "while_loop", "cond"]
 

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import sync
-from ..backend import CUPY
-from ..lazy import codegen, expr, fusion
-from ..lazy.expr import KEY
-from ..scalar import GPUScalar
+from ... import sync
+from ...lazy import codegen, expr, fusion
+from ...lazy.expr import KEY
+from ...scalar import GPUScalar
+from .backend import CUPY
 
 __all__ = ["CudaRing", "record_source", "RECORD_PREFIX", "C_NAMES"]
 

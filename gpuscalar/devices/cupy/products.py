@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import CUPY
+from .backend import CUPY
 
 __all__ = ["PRODUCT_DTYPES", "BLOCK", "PER_THREAD", "MAX_BLOCKS", "C_NAMES", "INDEX_C_NAMES",
            "dot_source", "dot_kernel_names", "csr_source", "csr_kernel_name", "dot",

@@ -57,10 +57,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import known, ledger, sync
-from ..backend import CUPY, NUMPY, Backend, backend_of, default_backend
-from ..scalar import GPUScalar, _array_of, _wrap
+from ... import known, ledger, sync
+from ...backend import Backend
+from ...scalar import GPUScalar, _array_of, _wrap
+from .. import NUMPY, backend_of, default_backend
 from . import linalg
+from .backend import CUPY
 
 __all__ = ["capture", "CapturedStep"]
 

@@ -1,10 +1,10 @@
 """CUDA conditional graph nodes through NVIDIA's ``cuda-bindings``: the runtime calls alone.
 
-Why this module exists: `gs.while_loop`/`gs.cond` (`gpuscalar.cuda.control`) record WHILE and IF
-nodes, which no released CuPy binds. These are the handful of CUDA runtime calls that takes
+Why this module exists: `gs.while_loop`/`gs.cond` (`gpuscalar.devices.cupy.control`) record WHILE
+and IF nodes, which no released CuPy binds. These are the handful of CUDA runtime calls that takes
 (``cudaStreamGetCaptureInfo``, ``cudaGraphConditionalHandleCreate``, ``cudaGraphAddNode``,
-``cudaStreamUpdateCaptureDependencies``, ``cudaStreamBeginCaptureToGraph``), by stream handle.
-It imports nothing of gpuscalar's, as `gpuscalar.cuda.cublas` does, so the one seam
+``cudaStreamUpdateCaptureDependencies``, ``cudaStreamBeginCaptureToGraph``), by stream handle. It
+imports nothing of gpuscalar's, as `gpuscalar.devices.cupy.cublas` does, so the one seam
 (`backend.CudaSeam`) can call it without an import circle; the bindings' 12.x names carry
 ``_v2``-style forms that 13.x drops, so each call branches on the bindings' major version.
 """

@@ -227,7 +227,7 @@ _ROUTES: dict[str, tuple[Any, int, Any, Any]] = {}
 
 def _route(name: str) -> tuple[Any, int, Any, Any]:
     if name not in _SIGNATURES:
-        raise ValueError(f"gpuscalar.cuda.cublas does not bind {name!r}")
+        raise ValueError(f"gpuscalar.devices.cupy.cublas does not bind {name!r}")
     argtypes = _SIGNATURES[name]
     loaded = library()
     converter = _CONVERTERS.get(argtypes)
