@@ -20,7 +20,13 @@ from typing import Any
 
 from . import ledger
 
-__all__ = ["Backend", "relative_extent"]
+__all__ = ["Backend", "relative_extent", "SCALAR_FUNCTIONS"]
+
+#: GPUScalar's own functions that a device's namespace hands a call with a GPUScalar operand
+#: to (``"clip"``, ``"where"``: as CuPy's kernels call the scalar's hook, which applies the
+#: promotion rules), put here by `gpuscalar.math` when imported: a wing reaches them without
+#: importing the features above the registry (that would be an import circle)
+SCALAR_FUNCTIONS: dict[str, Callable[..., Any]] = {}
 
 
 class Backend:

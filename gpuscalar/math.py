@@ -23,7 +23,7 @@ import numpy as np
 
 from . import promote
 from .arrays import _common_backend, _operand_label, _stand_in, apply_ufunc
-from .backend import Backend
+from .backend import SCALAR_FUNCTIONS, Backend
 from .devices import backend_of
 from .lazy import expr
 from .lazy.expr import Node, make_node
@@ -395,3 +395,4 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
 
 
 register_hooks(clip_call=clip_call, route_cupy_kernel=_route_cupy_kernel)
+SCALAR_FUNCTIONS.update(clip=clip_call, where=where)  # for the strict device's xp.clip/xp.where

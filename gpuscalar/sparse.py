@@ -10,7 +10,7 @@ sparse product cannot sit in a `gs.while_loop` body or a `gs.capture` step with 
   library handle, no host-to-device copy: recordable in every body, and the same path outside one;
 - NumPy: ``scipy.sparse`` CSR matrices and arrays (``csr_matrix``/``csr_array``), SciPy's
   product on the host (one counted device op);
-- the strict device: `gpuscalar.strict_sparse.csr_matrix`, CuPy's class with strict arrays
+- the strict device: `gpuscalar.devices.strict.sparse.csr_matrix`, CuPy's class with strict arrays
   (its own ``A @ x`` is refused in bodies, as cuSPARSE's is in CuPy), the host product (one
   device op).
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from . import strict_sparse
 from .backend import Backend, relative_extent
 from .devices import CUPY, NUMPY, backend_of
 from .devices.cupy import products
+from .devices.strict import sparse as strict_sparse
 from .strict import STRICT
 
 __all__ = ["spmv", "as_csr", "is_sparse", "sparse_format", "SPARSE_DTYPES"]
@@ -73,7 +73,7 @@ def _check_matrix(matrix: Any) -> Backend:
         backend = backend_of(matrix)
         hint = (" (a dense array: use gs.matmul)" if backend is not None else "")
         raise TypeError(f"gs.spmv: A must be a CSR sparse matrix (scipy.sparse, "
-                        f"cupyx.scipy.sparse or gpuscalar.strict_sparse), got "
+                        f"cupyx.scipy.sparse or gpuscalar.devices.strict.sparse), got "
                         f"{type(matrix).__name__}{hint}")
     if found != "csr":
         raise TypeError(f"gs.spmv: A is a {found.upper()} matrix; gs.spmv multiplies CSR "
@@ -105,7 +105,7 @@ def spmv(A: Any, x: Any, out: Any = None) -> Any:  # noqa: N803 - the matrix is 
     sync; works in `gs.while_loop`/`gs.cond` bodies and `gs.capture` steps on every device.
 
     ``A``: ``cupyx.scipy.sparse.csr_matrix`` (CuPy), a ``scipy.sparse`` CSR matrix or array
-    (NumPy) or `gpuscalar.strict_sparse.csr_matrix` (the strict device); another format is a
+    (NumPy) or `gpuscalar.devices.strict.sparse.csr_matrix` (the strict device); another format is a
     ``TypeError`` saying to convert it with ``A.tocsr()`` (before the loop). ``x``: a 1-D
     array of length ``A.shape[1]`` on the same backend and device. Both float32, float64,
     complex64 or complex128; the result has their promoted dtype. ``out``: a 1-D array of
@@ -168,7 +168,7 @@ def _on_host(backend: Backend, matrix: Any, x: Any, out: Any) -> Any:
 def as_csr(matrix: Any, like: Any) -> Any:
     """``matrix`` (a SciPy sparse matrix or array, a dense NumPy array) as a CSR matrix on the
     device of the array ``like``: SciPy's ``csr_matrix`` for NumPy, ``cupyx.scipy.sparse``'s
-    for CuPy, `gpuscalar.strict_sparse.csr_matrix` for the strict device (on ``like``'s
+    for CuPy, `gpuscalar.devices.strict.sparse.csr_matrix` for the strict device (on ``like``'s
     device). An upload on a device (refused inside a captured body): make it before the loop."""
     scipy_sparse = importlib.import_module("scipy.sparse")  # only for sparse matrices
     backend = backend_of(like)

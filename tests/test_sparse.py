@@ -11,8 +11,9 @@ import pytest
 import scipy.sparse
 
 import gpuscalar as gs
-from gpuscalar import strict, strict_sparse, sync
+from gpuscalar import strict, sync
 from gpuscalar.devices.cupy import products
+from gpuscalar.devices.strict import sparse as strict_sparse
 
 from .helpers import host
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
-from gpuscalar import strict, strict_random, sync
+from gpuscalar import strict, sync
+from gpuscalar.devices.strict import random as strict_random
 from gpuscalar.strict import xp
 
 from .helpers import host

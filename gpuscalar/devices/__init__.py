@@ -5,8 +5,11 @@ Why this package exists: a device is one folder here (a wing) that owns its code
 nodes, cuBLAS, kernels). Code outside the wings finds a device through this registry
 (`backend_of`, `get_backend`, `default_backend`) and talks to it through the `Backend` protocol
 (`gpuscalar.backend`), never asking which one it is. Adding a device (PyTorch tensors, say) is
-one more folder and one registration line below. The registry imports each wing's backend
-module only; a wing never imports the registry.
+one more folder and one registration line below (`BACKENDS`).
+
+No import circle: the registry imports each wing's root module only (`host`, `strict.device`,
+`cupy.backend`), and those import nothing above `gpuscalar.backend`, `sync`, `ledger` and
+`known`; a wing's other modules (`cupy.graphs`, `cupy.linalg`, ...) may use the registry.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import numpy as np
 from ..backend import Backend  # the protocol every device implements, re-exported
 from .cupy.backend import CUPY
 from .host import NUMPY
+from .strict.device import STRICT
 
 __all__ = [
     "Backend",
     "NUMPY",
+    "STRICT",
     "CUPY",
     "BACKENDS",
     "register_backend",
@@ -31,8 +36,8 @@ __all__ = [
 ]
 
 #: Checked in order by `backend_of`; NumPy last, because other array types may subclass or
-#: wrap ndarray. `gpuscalar.strict` registers the strict CPU device here when imported.
-BACKENDS: list[Backend] = [CUPY, NUMPY]
+#: wrap ndarray. A new device is one more entry here (or a `register_backend` call).
+BACKENDS: list[Backend] = [CUPY, STRICT, NUMPY]
 
 
 def register_backend(backend: Backend) -> None:

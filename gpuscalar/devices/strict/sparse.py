@@ -3,7 +3,7 @@
 Why this module exists: a solver written for CuPy takes a ``cupyx.scipy.sparse.csr_matrix``,
 and the strict device must give it one whose ``data``/``indices``/``indptr`` are strict arrays
 (SciPy's matrix would hold host arrays, which the next device operation refuses). A module of
-its own: ``strict.py`` is at the package's size limit.
+its own: ``device.py`` is at the package's size limit.
 
 What CuPy does, and so this does: ``A @ x`` and ``A.dot(x)`` are cuSPARSE calls in CuPy, one
 device op here; inside a `gs.while_loop`/`gs.cond` body or a `gs.capture` step (where CuPy's
@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from . import strict, strict_capture, sync
+from ... import sync
+from . import capture
+from . import device as strict
 
 __all__ = ["csr_matrix"]
 
@@ -109,7 +111,7 @@ class csr_matrix:  # noqa: N801 - cupyx.scipy.sparse's name
 
     # ---- device work -----------------------------------------------------------------------
     def _product(self, other: Any) -> Any:
-        strict_capture.refuse_cusparse("csr_matrix @ x")
+        capture.refuse_cusparse("csr_matrix @ x")
         if type(other) is not strict.StrictArray:
             return NotImplemented
         if other.ndim not in (1, 2) or other.shape[0] != self._shape[1]:

@@ -7,7 +7,7 @@ and cuSPARSE raises ``NotImplementedError: calling <library> API during stream c
 currently unsupported``). The strict device runs those bodies on the host
 (`gpuscalar.sync.in_graph_body`), so it refuses the same calls there, with CuPy's words and the
 gpuscalar call to use instead, and CPU tests see what the GPU would say. A module of its own:
-``strict.py`` is at the package's size limit. It is a leaf (NumPy data in, errors out).
+``device.py`` is at the package's size limit. It is a leaf (NumPy data in, errors out).
 
 The rules, as CuPy 14.2's source has them:
 
@@ -26,7 +26,8 @@ The rules, as CuPy 14.2's source has them:
   draws with kernels of its own, and those with array parameters upload a table of their
   shapes (a host-to-device copy); the ones without are not known to fail on a GPU: refusing
   them all is the conservative side until a GPU run says otherwise;
-- cuSPARSE (`CUSPARSE_CAPTURE_MESSAGE`): a sparse matrix's product (`gpuscalar.strict_sparse`).
+- cuSPARSE (`CUSPARSE_CAPTURE_MESSAGE`): a sparse matrix's product
+  (`gpuscalar.devices.strict.sparse`).
 
 A join of more than 8 inputs (``stack``, ``concatenate``) that CuPy makes through a pointer
 table built on the host is a host-to-device copy too (`refuse_pointer_table`).
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sync
+from ... import sync
 
 __all__ = ["H2D_CAPTURE_MESSAGE", "CUBLAS_CAPTURE_MESSAGE", "CUSOLVER_CAPTURE_MESSAGE",
            "CURAND_CAPTURE_MESSAGE", "CUSPARSE_CAPTURE_MESSAGE", "refuse_upload",

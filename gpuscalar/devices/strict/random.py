@@ -2,7 +2,7 @@
 
 Why this module exists: code written for CuPy draws with ``cupy.random.default_rng()``, and the
 strict device must give it strict arrays (NumPy's would be refused by the next operation) and
-refuse what CuPy's generator lacks. It is a module of its own because ``strict.py`` is at the
+refuse what CuPy's generator lacks. It is a module of its own because ``device.py`` is at the
 package's size limit; it knows nothing of strict arrays: the device hands each generator its
 ``draw`` function (unwrap the operands, one device op, a strict array back), so the strict
 module imports this one and not the other way round.
@@ -12,10 +12,10 @@ What CuPy has and NumPy gives: a `Generator` has exactly the methods of ``cupy.r
 ``dtype`` where CuPy takes it, returns a 0-d array for ``size=None`` as CuPy does, and fills and
 returns ``out=``. The values are NumPy's for the seed; cuRAND's differ.
 
-In a body (a `gs.while_loop`/`gs.cond` body or a `gs.capture` step:
-`gpuscalar.sync.in_graph_body`) every draw is refused, as `gpuscalar.strict_capture` explains
-(CuPy's cuRAND refuses a capturing stream, and its generator's draws with array parameters
-upload a table: the conservative side for the rest).
+In a body (a `gs.while_loop`/`gs.cond` body or a `gs.capture` step: `gpuscalar.sync.in_graph_body`)
+every draw is refused, as `gpuscalar.devices.strict.capture` explains (CuPy's cuRAND refuses a
+capturing stream, and its generator's draws with array parameters upload a table: the conservative
+side for the rest).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from . import strict_capture, sync
+from ... import sync
+from . import capture
 
 __all__ = ["GENERATOR_METHODS", "Generator", "default_rng_on"]
 
@@ -81,7 +82,7 @@ def _method(name: str) -> Callable[..., Any]:
     cast_after = name in _DTYPE_CAST_AFTER
 
     def method(self: Generator, *args: Any, **kwargs: Any) -> Any:
-        strict_capture.refuse_curand(f"Generator.{name}")
+        capture.refuse_curand(f"Generator.{name}")
         function = getattr(self._numpy, name)
         dtype = kwargs.pop("dtype", None) if cast_after else None
         if dtype is not None:
@@ -108,7 +109,7 @@ def default_rng_on(draw: Draw) -> Callable[..., Generator]:
         returned as it is. Setting up its state is one device op, as in CuPy."""
         if type(seed) is Generator:
             return seed
-        strict_capture.refuse_curand("default_rng")
+        capture.refuse_curand("default_rng")
         with sync.one_device_op():
             return Generator(np.random.default_rng(seed), draw)
 
