@@ -115,3 +115,96 @@ def test_the_circle_finder_finds_a_planted_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circles(edges) == [["a", "b", "c", "a"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# ---- one wing per device (issue 22) ----------------------------------------------------------
+
+DEVICES = PACKAGE / "devices"
+#: the wings: one folder per device under gpuscalar/devices/, each with its root module (the
+#: `Backend` subclass and its one instance), the only module of the wing the registry imports
+WING_ROOTS = {"host": "gpuscalar.devices.host.backend", "strict": "gpuscalar.devices.strict.device",
+              "cupy": "gpuscalar.devices.cupy.backend"}
+#: what a wing's root module may import outside its own wing: the bottom layer only, so the
+#: registry (which imports the roots) closes no circle with the features above it
+BOTTOM_LAYER = {"gpuscalar.backend", "gpuscalar.sync", "gpuscalar.ledger", "gpuscalar.known"}
+#: modules outside gpuscalar/devices/ that still import a wing's module rather than the registry
+#: (``gpuscalar.devices``): (importing module, wing module)
+WING_IMPORTS_OUTSIDE = {
+    # the public module `gs.strict`: re-exports the strict device's public names (stays)
+    ("gpuscalar.strict", "gpuscalar.devices.strict.device"),
+    # to move in phase 2: device-neutral fronts (gs.capture, gs.matmul, gs.MetricLog, loops,
+    # spmv) still in the CuPy wing, or a feature front that picks a wing's code itself
+    ("gpuscalar", "gpuscalar.devices.cupy.graphs"),
+    ("gpuscalar", "gpuscalar.devices.cupy.linalg"),
+    ("gpuscalar.bodies", "gpuscalar.devices.cupy.graphs"),
+    ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
+    ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
+    ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
+    ("gpuscalar.linalg._system", "gpuscalar.devices.cupy.linalg"),
+    ("gpuscalar.reduce", "gpuscalar.devices.cupy.linalg"),
+    ("gpuscalar.sparse", "gpuscalar.devices.cupy.products"),
+    ("gpuscalar.sparse", "gpuscalar.devices.strict.sparse"),
+}
+
+
+def _module_imports(path: pathlib.Path) -> set[str]:
+    """The package modules ``path`` imports, anywhere in it, as `_imports` finds them, but with
+    ``from package import module`` naming the module, and plain ``import gpuscalar.x`` too."""
+    modules = _module_names()
+    module = ".".join(("gpuscalar", *path.relative_to(PACKAGE).with_suffix("").parts))
+    package = (module.removesuffix(".__init__") if path.name == "__init__.py"
+               else module.rsplit(".", 1)[0])
+    parts = package.split(".")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gpuscalar"))
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            target = ".".join(parts[: len(parts) - node.level + 1]
+                              + ([node.module] if node.module else []))
+        elif (node.module or "").startswith("gpuscalar"):
+            target = node.module or ""
+        else:
+            continue
+        for alias in node.names:
+            name = f"{target}.{alias.name}"
+            found.add(name if name in modules else target)
+    return found
+
+
+def test_one_folder_per_device():
+    folders = {p.name for p in DEVICES.iterdir() if (p / "__init__.py").is_file()}
+    loose = {p.name for p in DEVICES.glob("*.py")} - {"__init__.py"}
+    assert (folders, loose) == (set(WING_ROOTS), set())
+    modules = _module_names()
+    assert all(root in modules for root in WING_ROOTS.values())
+
+
+def test_the_registry_imports_the_wing_roots_only():
+    wing_imports = {t for t in _module_imports(DEVICES / "__init__.py")
+                    if t.startswith("gpuscalar.devices.")}
+    assert wing_imports == set(WING_ROOTS.values())
+
+
+def test_a_wing_root_imports_only_its_wing_and_the_bottom_layer():
+    modules = _module_names()
+    outside = {}
+    for wing, root in WING_ROOTS.items():
+        own = f"gpuscalar.devices.{wing}"
+        found = {t for t in _module_imports(modules[root])
+                 if t != own and not t.startswith(own + ".") and t not in BOTTOM_LAYER}
+        if found:
+            outside[root] = found
+    assert outside == {}
+
+
+def test_outside_the_wings_a_device_is_reached_through_the_registry():
+    found = set()
+    for name, path in _module_names().items():
+        if name == "gpuscalar.devices" or name.startswith("gpuscalar.devices."):
+            continue
+        found |= {(name, t) for t in _module_imports(path) if t.startswith("gpuscalar.devices.")}
+    assert found == WING_IMPORTS_OUTSIDE

@@ -18,7 +18,7 @@ import pytest
 import gpuscalar as gs
 from gpuscalar import arrays, reads
 from gpuscalar import scalar as scalar_module
-from gpuscalar.devices.host import NumpyBackend
+from gpuscalar.devices.host.backend import NumpyBackend
 from gpuscalar.lazy import expr
 
 from .helpers import host

@@ -7,9 +7,10 @@ nodes, cuBLAS, kernels). Code outside the wings finds a device through this regi
 (`gpuscalar.backend`), never asking which one it is. Adding a device (PyTorch tensors, say) is
 one more folder and one registration line below (`BACKENDS`).
 
-No import circle: the registry imports each wing's root module only (`host`, `strict.device`,
-`cupy.backend`), and those import nothing above `gpuscalar.backend`, `sync`, `ledger` and
-`known`; a wing's other modules (`cupy.graphs`, `cupy.linalg`, ...) may use the registry.
+No import circle: the registry imports each wing's root module only (`host.backend`,
+`strict.device`, `cupy.backend`), and those import, beside their own wing, nothing above the
+bottom layer (`gpuscalar.backend`, `sync`, `ledger`, `known`); a wing's other modules
+(`cupy.graphs`, `cupy.linalg`, ...) may use the registry.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..backend import Backend  # the protocol every device implements, re-exported
 from .cupy.backend import CUPY
-from .host import NUMPY
+from .host.backend import NUMPY
 from .strict.device import STRICT
 
 __all__ = [

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from .. import math as gsm
+from .. import matmul
 from .. import reduce as gsr
 from .. import scalar as gss
 from ..control import while_loop
-from ..devices.cupy.linalg import matmul
 
 __all__ = ["jacobi_inputs", "jacobi_float", "jacobi_gpuscalar", "jacobi_capture", "cg_inputs",
            "cg_float", "cg_gpuscalar", "cg_capture"]

@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import CapturedStep, capture, matmul
 from .. import math as gsm
 from .. import reduce as gsr
 from .. import scalar as gss
-from ..devices.cupy.graphs import CapturedStep, capture
-from ..devices.cupy.linalg import matmul
 from ..optim import Adam, clip_grad_norm, sgd_step
 from ..sync import describe
 from . import solvers

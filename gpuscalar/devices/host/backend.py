@@ -1,6 +1,6 @@
-"""The host device: NumPy arrays, always there (the CPU backend and the promotion oracle).
+"""The host device's backend: NumPy arrays (the CPU backend and the promotion oracle).
 
-Why this module exists: a device is one wing of `gpuscalar.devices`; this is the smallest one.
+Why this module exists: it is the root of the host wing (`gpuscalar.devices.host`).
 NumPy data is host memory (`Backend.host_memory`), so it may meet any device, and gpuscalar's
 host evaluators compute on it directly (`Backend.evaluates_on_host`).
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Backend
-from ..known import INCOMING, arrive
+from ...backend import Backend
+from ...known import INCOMING, arrive
 
 __all__ = ["NumpyBackend", "NUMPY"]
 
