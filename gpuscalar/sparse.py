@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 
 from .backend import Backend, relative_extent
-from .devices import CUPY, NUMPY, backend_of
+from .devices import CUPY, NUMPY, STRICT, backend_of
 from .devices.cupy import products
 from .devices.strict import sparse as strict_sparse
-from .strict import STRICT
 
 __all__ = ["spmv", "as_csr", "is_sparse", "sparse_format", "SPARSE_DTYPES"]
 
