@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import strict_capture, sync
+from . import strict_capture, strict_loops, sync
 from .backend import Backend, register_backend
 from .known import INCOMING, arrive
 from .strict_capture import (
@@ -199,6 +199,7 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     rule = _LIBRARY_RULES.get(function)
     if rule is not None and sync.in_graph_body():  # what CuPy refuses while capturing
         rule(function, raw_args, raw_kwargs)
+    strict_loops.refuse_array_call(function, raw_args)  # a loop CuPy lacks (logical_not of c)
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
@@ -725,6 +726,7 @@ class StrictBackend(Backend):
         return data.item() if data.ndim == 0 else data.copy()
 
     def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        strict_loops.refuse_pending(args)  # an expression holding an op CuPy could not run
         with _DeviceWork():  # one op, whatever the strict arrays do inside it
             return func(*args, **kwargs)
 

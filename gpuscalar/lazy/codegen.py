@@ -40,6 +40,9 @@ from . import expr
 
 __all__ = [
     "FusionUnsupported",
+    "OWN_ROUTINES",
+    "INT_EXPONENT_PREAMBLE",
+    "unfused_args",
     "OPAQUE_PREAMBLE",
     "ScalarCode",
     "KernelSpec",
@@ -97,6 +100,17 @@ __device__ __forceinline__ thrust::complex<float> _gs_opaque(thrust::complex<flo
 }
 __device__ __forceinline__ thrust::complex<double> _gs_opaque(thrust::complex<double> x) {
     return thrust::complex<double>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
+}
+#endif
+"""
+
+#: ldexp's int64 exponent clamped into C int's range, as NumPy's ``ldexp`` loop clamps it
+#: (CuPy's routine ``ldexp(in0, in1)`` converts it to int, wrapping: ``2**40`` becomes 0).
+INT_EXPONENT_PREAMBLE = """
+#ifndef GPUSCALAR_INT_EXPONENT_DEFINED
+#define GPUSCALAR_INT_EXPONENT_DEFINED
+__device__ __forceinline__ long long _gs_int_exponent(long long e) {
+    return e < -2147483648LL ? -2147483648LL : (e > 2147483647LL ? 2147483647LL : e);
 }
 #endif
 """
@@ -173,9 +187,51 @@ def cupy_op(op: expr.Op) -> tuple[Any, Any]:
                 break
         else:
             found = ufunc._ops._guess_routine_from_in_types(in_dtypes)
+        if found is None and (op.name, in_dtypes[0].kind) in OWN_ROUTINES:
+            found = _OwnRoutine(in_dtypes, op.out_dtypes,
+                                OWN_ROUTINES[op.name, in_dtypes[0].kind])
         if found is None or not isinstance(found.routine, str) or ufunc._loop_prep:
             raise FusionUnsupported(f"CuPy has no fusable routine for {op!r}")
     return ufunc, found
+
+
+#: (ufunc name, input dtype kind) -> gpuscalar's own routine for a NumPy loop CuPy 14 lacks
+#: (cupy/_logic/ops.py: no complex loop for ``logical_not/and/or/xor``; NumPy's complex loops
+#: read a number as true where either part is nonzero, NaN included). Without it, a complex
+#: GPUScalar's ``np.logical_not(s)`` would reach CuPy's ufunc, a TypeError where the float path
+#: gives a bool. The strict device refuses these loops as CuPy does unless they are listed here
+#: (`gpuscalar.strict.cupy_lacks_loop`), so CI sees such a gap.
+OWN_ROUTINES: dict[tuple[str, str], str] = {
+    ("logical_not", "c"): "out0 = in0 == in0_type(0)",
+    ("logical_and", "c"): "out0 = (in0 != in0_type(0)) && (in1 != in1_type(0))",
+    ("logical_or", "c"): "out0 = (in0 != in0_type(0)) || (in1 != in1_type(0))",
+    ("logical_xor", "c"): "out0 = (in0 != in0_type(0)) != (in1 != in1_type(0))",
+}
+
+
+def unfused_args(backend: Any, op: expr.Op, args: list[Any]) -> list[Any]:
+    """The operands eager CuPy is called with for ``op`` where it runs unfused (a CuPy without
+    the internals read here): complex operands of a loop CuPy lacks (`OWN_ROUTINES`) as their
+    truth values (one ``!= 0`` each), ldexp's int64 exponent clamped as NumPy clamps it."""
+    if op.kind != "ufunc":
+        return args
+    if (op.name, op.in_dtypes[0].kind) in OWN_ROUTINES:
+        return [backend.call(backend.ufunc("not_equal"), a, 0) for a in args]
+    if op.name == "ldexp" and op.in_dtypes[1].itemsize > 4:
+        exponent = args[1]
+        clamped = (np.clip(exponent, -2**31, 2**31 - 1) if isinstance(exponent, np.generic)
+                   else backend.call(backend.xp.clip, exponent, -2**31, 2**31 - 1))
+        return [args[0], clamped]
+    return args
+
+
+@dataclass(frozen=True)
+class _OwnRoutine:
+    """A routine of `OWN_ROUTINES`, shaped as CuPy's ``_Op`` (what `_routine_lines` reads)."""
+
+    in_types: tuple[np.dtype, ...]
+    out_types: tuple[np.dtype, ...]
+    routine: str
 
 
 # ---- statements for one expression -------------------------------------------------------------
@@ -288,6 +344,14 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
     headers: list[str] = []
     value_type = cuda_type(op.dtype, headers)
     operands = list(inputs)
+    if op.name == "ldexp" and routine_op.in_types[1].itemsize > 4:
+        # C's ldexp takes an int: CuPy's int64 loop converts the exponent (2**40 wraps to 0);
+        # NumPy's clamps it into int's range, which keeps the value (|e| > 2200 saturates)
+        source, dtype = operands[1]
+        wanted = routine_op.in_types[1]
+        operands[1] = (f"_gs_int_exponent({cast_expression(dtype, wanted, source)})", wanted)
+        if INT_EXPONENT_PREAMBLE not in preambles:
+            preambles.append(INT_EXPONENT_PREAMBLE)
     if op.kind == "round":
         operands.append((f"{int(op.param)}LL", np.dtype(np.int64)))
     lines = [f"{value_type} {variable};", "{",
