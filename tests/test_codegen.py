@@ -153,6 +153,49 @@ def test_no_fma_spans_two_operations(nvrtc):
     assert not re.search(r"\bfma\.rn\.f64", body)
 
 
+_CONTRACTED = {"float64": "DFMA", "float32": "FFMA"}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("build", [
+    lambda s, t, u, v: s * t + u,
+    lambda s, t, u, v: s * t - u * v,
+    lambda s, t, u, v: (s - t * u) * v,
+    lambda s, t, u, v: u + s * t + v,
+], ids=["st+u", "st-uv", "(s-tu)v", "u+st+v"])
+def test_no_fma_spans_two_operations_in_the_machine_code(nvrtc, tmp_path, dtype, build):
+    """What the GPU runs: ptxas contracts a PTX multiply with the add that reads it unless an
+    instruction with a rounding mode stands between them (an H200 run found the lazy kernels of
+    a MINRES port contracted where the eager kernels, one per operation, cannot be)."""
+    s, t, u, v = (gs.asscalar(value, dtype=dtype) for value in (1.1, 2.2, 3.3, 4.4))
+    spec = codegen.materialize_spec(build(s, t, u, v)._node)
+    ptx = nv.compile_source(nvrtc, nv.join_sources([spec], array_ndim=0), "fma.cu",
+                            nv.cupy_options())
+    sass = nv.machine_code(ptx, tmp_path)
+    assert f"Function : {spec.name}" in sass or spec.name in sass
+    assert re.search(r"\b[DF]MUL\b", sass) and re.search(r"\b[DF]ADD\b", sass)
+    assert _CONTRACTED[dtype] not in sass
+
+
+@pytest.mark.parametrize("barrier", ["none", "empty asm (0.3's)"])
+def test_the_machine_code_check_finds_a_contraction(nvrtc, tmp_path, barrier):
+    """The check above can fail: without a barrier, and with 0.3's empty ``asm volatile`` (which
+    stops NVVM but not ptxas), ``s * t + u`` runs as one DFMA."""
+    s, t, u = (gs.asscalar(v) for v in (1.1, 2.2, 3.3))
+    spec = codegen.materialize_spec((s * t + u)._node)
+    source = nv.join_sources([spec], array_ndim=0)
+    assert codegen.OPAQUE_PREAMBLE in source
+    empty = ('template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }\n'
+             '__device__ __forceinline__ double _gs_opaque(double x) {'
+             ' asm volatile("" : "+d"(x)); return x; }\n')
+    planted = codegen.OPAQUE_PREAMBLE.split("template")[0] + (
+        "template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }\n"
+        if barrier == "none" else empty) + "#endif\n"
+    ptx = nv.compile_source(nvrtc, source.replace(codegen.OPAQUE_PREAMBLE, planted), "bare.cu",
+                            nv.cupy_options())
+    assert "DFMA" in nv.machine_code(ptx, tmp_path)
+
+
 def test_without_the_barrier_the_compiler_would_contract(nvrtc):
     """The FMA check can fail: the same expression without the barrier becomes an FMA."""
     s, t, u = (gs.asscalar(v) for v in (1.1, 2.2, 3.3))

@@ -5,10 +5,10 @@ replaces. Eager CuPy runs each operation as its own ufunc kernel: CuPy's routine
 loop (``cupy.<ufunc>._ops``), its inputs converted as CuPy converts them (``fix_cast_expr``),
 compiled with CuPy's default options. So each node here emits exactly that: CuPy's own routine
 string, type names and casts, in a block of its own. Between nodes, the value passes through an
-opaque barrier (an empty ``asm volatile`` on the register), so the compiler cannot contract a
-multiply of one operation with an add of the next into an FMA — which eager CuPy, one kernel per
-operation, can never do — while inside a routine it contracts exactly as it would in CuPy's own
-kernel (same routine, same default flags).
+opaque barrier (``OPAQUE_PREAMBLE``: an exact ``add.rn`` of -0.0 in inline PTX), so neither
+NVVM nor ptxas can contract a multiply of one operation with an add of the next into an FMA
+— which eager CuPy, one kernel per operation, can never do — while inside a routine it
+contracts exactly as it would in CuPy's own kernel (same routine, same default flags).
 
 The output is plain source text and parameter lists for ``cupy.ElementwiseKernel`` (CuPy adds
 its headers, broadcasting and launch), generated deterministically from a `gpuscalar.expr.Plan`:
@@ -86,15 +86,25 @@ def _cupy_internals(what: str) -> Iterator[None]:
         ) from error
 
 
-#: Keeps each operation's value in a register the compiler cannot see through: no FMA spans two
-#: operations, as none can between two eager kernels. Integers and float16 (rounded to half by
-#: every CuPy operation) need no barrier.
+#: Ends each operation with an instruction of its own that rounds: no FMA spans two operations,
+#: as none can between two eager kernels. Two compilers contract a multiply and an add: NVVM (an
+#: empty ``asm volatile`` on the register stops it) and ptxas, which fuses a PTX ``mul.f64``
+#: with the ``add.f64`` that reads it (seen on an H200: lazy ``a*b + c*d`` differed from eager
+#: in 741 of 4,500 cases). So the barrier is ``add.rn`` of -0.0: exact for every value (-0.0,
+#: subnormals and infinities included; no ``.ftz``), and an instruction with an explicit
+#: rounding mode, which ptxas never contracts; tests/test_codegen.py assembles the PTX with
+#: ptxas and reads the machine code to check it. Integers and float16 (rounded to half by every
+#: CuPy operation) need no barrier.
 OPAQUE_PREAMBLE = """
 #ifndef GPUSCALAR_OPAQUE_DEFINED
 #define GPUSCALAR_OPAQUE_DEFINED
 template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }
-__device__ __forceinline__ float _gs_opaque(float x) { asm volatile("" : "+f"(x)); return x; }
-__device__ __forceinline__ double _gs_opaque(double x) { asm volatile("" : "+d"(x)); return x; }
+__device__ __forceinline__ float _gs_opaque(float x) {
+    asm volatile("add.rn.f32 %0, %0, 0f80000000;" : "+f"(x)); return x;
+}
+__device__ __forceinline__ double _gs_opaque(double x) {
+    asm volatile("add.rn.f64 %0, %0, 0d8000000000000000;" : "+d"(x)); return x;
+}
 __device__ __forceinline__ thrust::complex<float> _gs_opaque(thrust::complex<float> x) {
     return thrust::complex<float>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
 }
