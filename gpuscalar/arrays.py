@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger, promote
-from .backend import Backend, backend_of
+from .backend import Backend, backend_of, refuse_ufunc_keywords
 from .lazy import fusion
 from .lazy.expr import KEEP_NODES, SIZE, Node
 from .operators import _lazy_ufunc
@@ -141,6 +141,7 @@ def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: An
     if found is None:
         return NotImplemented
     backend, has_array = found
+    refuse_ufunc_keywords(backend, kwargs)
     if not has_array:
         if kwargs.get("out") is not None:
             raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")

@@ -48,6 +48,20 @@ __all__ = [
 ]
 
 
+#: what CuPy 14's ufunc ``__call__`` accepts (cupy/_core/_kernel.pyx: anything else is
+#: ``TypeError("Wrong arguments ...")``); the strict device refuses the rest as CuPy does
+CUPY_UFUNC_KEYWORDS = frozenset({"out", "dtype", "casting"})
+
+
+def refuse_ufunc_keywords(backend: Backend, kwargs: dict[str, Any]) -> None:
+    """CuPy's TypeError for keywords its ufuncs do not take, on a backend that has its rule."""
+    accepted = backend.ufunc_keywords
+    if accepted is not None and not accepted.issuperset(kwargs):
+        extra = {name: value for name, value in kwargs.items() if name not in accepted}
+        raise TypeError(f"Wrong arguments {extra} (a {backend.name} ufunc takes "
+                        f"{', '.join(sorted(accepted))} only)")
+
+
 class Backend:
     """What gpuscalar needs to know about one array library."""
 
@@ -58,6 +72,9 @@ class Backend:
     multi_device: bool = False
     #: whether a ufunc accepts NumPy's ``signature=`` to pin the loop (else ``dtype=`` is used)
     supports_signature: bool = True
+    #: the keyword arguments the backend's ufuncs take, None for all of NumPy's; CuPy 14's take
+    #: ``out``, ``dtype`` and ``casting`` only (``where=`` is its TypeError, "Wrong arguments")
+    ufunc_keywords: frozenset[str] | None = None
     #: whether arrays hold NumPy data in this process (NumPy, the strict device), so that
     #: gpuscalar's host evaluators (optimizer programs, fused scalar expressions) can compute
     #: on `host_data` inside one counted device op
@@ -410,6 +427,7 @@ class CupyBackend(Backend):
     name = "cupy"
     multi_device = True
     supports_signature = False
+    ufunc_keywords = CUPY_UFUNC_KEYWORDS
 
     def __init__(self) -> None:
         self.seam: CudaSeam = CudaSeam()

@@ -62,7 +62,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import strict_capture, strict_loops, sync
-from .backend import Backend, register_backend
+from .backend import CUPY_UFUNC_KEYWORDS, Backend, refuse_ufunc_keywords, register_backend
 from .known import INCOMING, arrive
 from .strict_capture import (
     CUBLAS_CAPTURE_MESSAGE,
@@ -409,6 +409,8 @@ class StrictArray(NDArrayOperatorsMixin):
                 kind is not np.ndarray
             ):
                 return NotImplemented  # a GPUScalar (its promotion rules call us back) or other
+        if method == "__call__":
+            refuse_ufunc_keywords(STRICT, kwargs)
         result = _call(ufunc if method == "__call__" else getattr(ufunc, method), inputs, kwargs)
         if out is not None:
             return out[0] if type(out) is tuple and len(out) == 1 else out
@@ -706,6 +708,7 @@ class StrictBackend(Backend):
 
     name = "strict"
     multi_device = True
+    ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
 
     @property

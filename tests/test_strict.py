@@ -856,3 +856,14 @@ def test_a_gpuscalar_op_cupy_lacks_a_loop_for_is_refused_unless_gpuscalar_writes
     monkeypatch.setattr(strict_loops, "_RUNNABLE", set())
     with gs.lazy(lazy), pytest.raises(TypeError, match="cupy_logical_not"):
         np.logical_not(gs.asscalar(2.5 + 1j, like=like)).item()
+
+
+def test_a_ufunc_keyword_cupy_lacks_is_cupys_type_error():
+    """CuPy 14's ufuncs take out, dtype and casting only: ``where=`` (a NumPy keyword) is a
+    TypeError there, so on the strict device too, before anything runs."""
+    x = strict.xp.ones(3)
+    mask = strict.xp.asarray(np.array([True, False, True]))
+    with gs.count_syncs() as counter, pytest.raises(TypeError, match=r"Wrong arguments \{'where'"):
+        np.add(x, 1.0, where=mask, out=x)
+    assert counter.device_ops == 0
+    assert np.add(x, 1.0, out=x, casting="same_kind", dtype=np.float64) is x  # what CuPy takes
