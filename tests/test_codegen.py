@@ -39,37 +39,28 @@ def shapes_of(recipe_list) -> dict[int, tuple]:
 
 #: Structure keys whose kernels compiled in this session (each shape is compiled once).
 COMPILED: set[int] = set()
-#: Structure keys CuPy has no routine for (evaluated eagerly on CuPy, one launch per operation).
-UNFUSABLE: set[int] = set()
-
-
-def known_unfusable(node: tuple) -> bool:
-    """Whether ``node`` uses an operation CuPy has no loop for: NumPy's logical ufuncs on
-    complex numbers (the only such operations the recipes reach)."""
-    return any(op.name.startswith("logical_") and any(d.kind == "c" for d in op.in_dtypes)
-               for op, _ in expr.plan_of(node).steps)
 
 
 def compile_shapes(nvrtc, shapes: dict[int, tuple], chunk: int = 250) -> int:
     """Compile the materializing kernel of every shape not compiled yet in this session
-    (CuPy's exact source); returns how many shapes are now known to compile, or known to have
-    no CuPy routine (`known_unfusable`: any other shape without one fails the test)."""
+    (CuPy's exact source); returns how many shapes are now known to compile. Every shape has a
+    routine (CuPy's, or gpuscalar's own where CuPy has no loop, as for complex logical ufuncs):
+    one without fails the test."""
     specs = []
     for key, node in shapes.items():
-        if key in COMPILED or key in UNFUSABLE:
+        if key in COMPILED:
             continue
         try:
             specs.append(codegen.materialize_spec(node))
-        except codegen.FusionUnsupported:
-            assert known_unfusable(node), expr.describe_structure(key)
-            UNFUSABLE.add(key)
+        except codegen.FusionUnsupported as error:
+            pytest.fail(f"{expr.describe_structure(key)} has no routine: {error}")
     options = nv.cupy_options()
     for start in range(0, len(specs), chunk):
         part = specs[start:start + chunk]
         ptx = nv.compile_source(nvrtc, nv.join_sources(part, array_ndim=0), "shapes.cu", options)
         assert all(f".entry {spec.name}" in ptx for spec in part)
-    COMPILED.update(key for key in shapes if key not in UNFUSABLE)
-    return sum(1 for key in shapes if key in COMPILED or key in UNFUSABLE)
+    COMPILED.update(shapes)
+    return sum(1 for key in shapes if key in COMPILED)
 
 
 def every_operation_recipes():
