@@ -4,7 +4,8 @@ Why this example exists: CuPy's own conjugate-gradient example (``examples/cg/cg
 repository) reads the residual norm on the host every iteration (``if norm(r1) < tol``), one
 sync per iteration, which is what keeps a GPU idle between iterations. Here the same algorithm
 runs under ``gs.while_loop``: the state (x, r, p, A @ p and r.r) lives in device arrays updated in
-place, ``gs.matmul`` keeps every product on the device, and the predicate
+place, ``gs.matmul`` keeps every product on the device (the inner products too: the same cuBLAS
+routine in the loop body and outside it), and the predicate
 ``norm(r) >= tol`` is decided by the device. The script solves the same system both ways and
 prints the iteration counts, the syncs each made, and whether the iterates are the same bits.
 
@@ -56,7 +57,14 @@ def iteration(a: Any, x: Any, r: Any, p: Any, ap: Any, rr: Any) -> None:
     rr[...] = rr_new.array
 
 
-dot = gs.dot  # works where a CUDA graph is recorded (a loop body): gpuscalar's own kernel
+def dot(u: Any, v: Any) -> gs.GPUScalar:
+    """``u @ v`` as one cuBLAS call on gpuscalar's own handle (`gs.matmul`), recordable.
+
+    Not ``gs.dot``: outside a recording that is ``cupy.dot`` (CuPy's cuBLAS call), inside a
+    loop body gpuscalar's own dot kernel, two orders of summation, so the two solves below
+    would differ in the last bits on a GPU. ``gs.matmul`` runs the same cuBLAS routine in the
+    body and outside it: both solves are the same bits on every device."""
+    return gs.GPUScalar(gs.matmul(u, v))
 
 
 def solve_on_device(a: Any, b: Any, xp: Any) -> tuple[Any, gs.GPUScalar]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger, promote
-from .backend import Backend
+from .backend import Backend, refuse_ufunc_keywords
 from .devices import backend_of
 from .lazy import fusion
 from .lazy.expr import KEEP_NODES, SIZE, Node
@@ -142,6 +142,7 @@ def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: An
     if found is None:
         return NotImplemented
     backend, has_array = found
+    refuse_ufunc_keywords(backend, kwargs)
     if not has_array:
         if kwargs.get("out") is not None:
             raise TypeError("GPUScalars are immutable: out= cannot be a GPUScalar")

@@ -20,13 +20,28 @@ from typing import Any
 
 from . import ledger
 
-__all__ = ["Backend", "relative_extent", "SCALAR_FUNCTIONS"]
+__all__ = ["Backend", "relative_extent", "SCALAR_FUNCTIONS", "CUPY_UFUNC_KEYWORDS",
+           "refuse_ufunc_keywords"]
 
 #: GPUScalar's own functions that a device's namespace hands a call with a GPUScalar operand
 #: to (``"clip"``, ``"where"``: as CuPy's kernels call the scalar's hook, which applies the
 #: promotion rules), put here by `gpuscalar.math` when imported: a wing reaches them without
 #: importing the features above the registry (that would be an import circle)
 SCALAR_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+#: what CuPy 14's ufunc ``__call__`` accepts (cupy/_core/_kernel.pyx: anything else is
+#: ``TypeError("Wrong arguments ...")``); the strict device refuses the rest as CuPy does
+CUPY_UFUNC_KEYWORDS = frozenset({"out", "dtype", "casting"})
+
+
+def refuse_ufunc_keywords(backend: Backend, kwargs: dict[str, Any]) -> None:
+    """CuPy's TypeError for keywords its ufuncs do not take, on a backend that has its rule."""
+    accepted = backend.ufunc_keywords
+    if accepted is not None and not accepted.issuperset(kwargs):
+        extra = {name: value for name, value in kwargs.items() if name not in accepted}
+        raise TypeError(f"Wrong arguments {extra} (a {backend.name} ufunc takes "
+                        f"{', '.join(sorted(accepted))} only)")
 
 
 class Backend:
@@ -39,6 +54,9 @@ class Backend:
     multi_device: bool = False
     #: whether a ufunc accepts NumPy's ``signature=`` to pin the loop (else ``dtype=`` is used)
     supports_signature: bool = True
+    #: the keyword arguments the backend's ufuncs take, None for all of NumPy's; CuPy 14's take
+    #: ``out``, ``dtype`` and ``casting`` only (``where=`` is its TypeError, "Wrong arguments")
+    ufunc_keywords: frozenset[str] | None = None
     #: whether arrays hold NumPy data in this process (NumPy, the strict device), so that
     #: gpuscalar's host evaluators (optimizer programs, fused scalar expressions) can compute
     #: on `host_data` inside one counted device op

@@ -159,3 +159,43 @@ def join_sources(specs: list[Any], array_ndim: int = 1) -> str:
     headers = "".join(f"#include <{h}>\n" for h in core._cupy_header_list)
     bodies = [elementwise_source(spec, array_ndim) for spec in specs]
     return headers + "\n".join(preambles) + "\n" + "\n".join(bodies)
+
+
+#: the machine code's architecture for `machine_code` (an H100/H200, what the GPU runs were on)
+SASS_ARCH = "sm_90"
+
+
+def _tool(name: str, wheel_dirs: tuple[str, ...]) -> str:
+    """``name`` from the NVIDIA wheels of the test extra (``nvidia-cuda-nvcc-cu12`` has ptxas,
+    ``nvidia-cuda-nvdisasm`` nvdisasm), else from PATH; skips where neither has it, fails
+    under CI=true."""
+    import shutil
+
+    for base in sys.path:
+        for sub in wheel_dirs:
+            path = os.path.join(base, "nvidia", sub, "bin", name)
+            if os.access(path, os.X_OK):
+                return path
+    found = shutil.which(name)
+    return found if found else _unavailable(f"{name} is not installed (the test extra's NVIDIA "
+                                            "wheels bring it)")
+
+
+def machine_code(ptx: str, tmp_path: Any) -> str:
+    """The SASS that ptxas makes of ``ptx`` for `SASS_ARCH`, as nvdisasm prints it: what the GPU
+    runs. ptxas optimizes too (it contracts a PTX ``mul`` and ``add`` into an FMA), so a check on
+    the PTX alone is not a check on the machine code."""
+    import subprocess
+
+    ptxas = _tool("ptxas", ("cuda_nvcc", "cu13", "cu12"))
+    nvdisasm = _tool("nvdisasm", ("cu13", "cuda_nvdisasm", "cu12"))
+    source, cubin = tmp_path / "kernel.ptx", tmp_path / "kernel.cubin"
+    source.write_text(ptx)
+    assembled = subprocess.run([ptxas, f"-arch={SASS_ARCH}", str(source), "-o", str(cubin)],
+                               capture_output=True, text=True)
+    if assembled.returncode != 0:
+        pytest.fail(f"ptxas failed: {assembled.stderr}")
+    listed = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.fail(f"nvdisasm failed: {listed.stderr}")
+    return listed.stdout

@@ -39,37 +39,28 @@ def shapes_of(recipe_list) -> dict[int, tuple]:
 
 #: Structure keys whose kernels compiled in this session (each shape is compiled once).
 COMPILED: set[int] = set()
-#: Structure keys CuPy has no routine for (evaluated eagerly on CuPy, one launch per operation).
-UNFUSABLE: set[int] = set()
-
-
-def known_unfusable(node: tuple) -> bool:
-    """Whether ``node`` uses an operation CuPy has no loop for: NumPy's logical ufuncs on
-    complex numbers (the only such operations the recipes reach)."""
-    return any(op.name.startswith("logical_") and any(d.kind == "c" for d in op.in_dtypes)
-               for op, _ in expr.plan_of(node).steps)
 
 
 def compile_shapes(nvrtc, shapes: dict[int, tuple], chunk: int = 250) -> int:
     """Compile the materializing kernel of every shape not compiled yet in this session
-    (CuPy's exact source); returns how many shapes are now known to compile, or known to have
-    no CuPy routine (`known_unfusable`: any other shape without one fails the test)."""
+    (CuPy's exact source); returns how many shapes are now known to compile. Every shape has a
+    routine (CuPy's, or gpuscalar's own where CuPy has no loop, as for complex logical ufuncs):
+    one without fails the test."""
     specs = []
     for key, node in shapes.items():
-        if key in COMPILED or key in UNFUSABLE:
+        if key in COMPILED:
             continue
         try:
             specs.append(codegen.materialize_spec(node))
-        except codegen.FusionUnsupported:
-            assert known_unfusable(node), expr.describe_structure(key)
-            UNFUSABLE.add(key)
+        except codegen.FusionUnsupported as error:
+            pytest.fail(f"{expr.describe_structure(key)} has no routine: {error}")
     options = nv.cupy_options()
     for start in range(0, len(specs), chunk):
         part = specs[start:start + chunk]
         ptx = nv.compile_source(nvrtc, nv.join_sources(part, array_ndim=0), "shapes.cu", options)
         assert all(f".entry {spec.name}" in ptx for spec in part)
-    COMPILED.update(key for key in shapes if key not in UNFUSABLE)
-    return sum(1 for key in shapes if key in COMPILED or key in UNFUSABLE)
+    COMPILED.update(shapes)
+    return sum(1 for key in shapes if key in COMPILED)
 
 
 def every_operation_recipes():
@@ -151,6 +142,49 @@ def test_no_fma_spans_two_operations(nvrtc):
     body = ptx[ptx.index(f".entry {spec.name}"):]
     assert re.search(r"\bmul(\.rn)?\.f64", body) and re.search(r"\badd(\.rn)?\.f64", body)
     assert not re.search(r"\bfma\.rn\.f64", body)
+
+
+_CONTRACTED = {"float64": "DFMA", "float32": "FFMA"}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("build", [
+    lambda s, t, u, v: s * t + u,
+    lambda s, t, u, v: s * t - u * v,
+    lambda s, t, u, v: (s - t * u) * v,
+    lambda s, t, u, v: u + s * t + v,
+], ids=["st+u", "st-uv", "(s-tu)v", "u+st+v"])
+def test_no_fma_spans_two_operations_in_the_machine_code(nvrtc, tmp_path, dtype, build):
+    """What the GPU runs: ptxas contracts a PTX multiply with the add that reads it unless an
+    instruction with a rounding mode stands between them (an H200 run found the lazy kernels of
+    a MINRES port contracted where the eager kernels, one per operation, cannot be)."""
+    s, t, u, v = (gs.asscalar(value, dtype=dtype) for value in (1.1, 2.2, 3.3, 4.4))
+    spec = codegen.materialize_spec(build(s, t, u, v)._node)
+    ptx = nv.compile_source(nvrtc, nv.join_sources([spec], array_ndim=0), "fma.cu",
+                            nv.cupy_options())
+    sass = nv.machine_code(ptx, tmp_path)
+    assert f"Function : {spec.name}" in sass or spec.name in sass
+    assert re.search(r"\b[DF]MUL\b", sass) and re.search(r"\b[DF]ADD\b", sass)
+    assert _CONTRACTED[dtype] not in sass
+
+
+@pytest.mark.parametrize("barrier", ["none", "empty asm (0.3's)"])
+def test_the_machine_code_check_finds_a_contraction(nvrtc, tmp_path, barrier):
+    """The check above can fail: without a barrier, and with 0.3's empty ``asm volatile`` (which
+    stops NVVM but not ptxas), ``s * t + u`` runs as one DFMA."""
+    s, t, u = (gs.asscalar(v) for v in (1.1, 2.2, 3.3))
+    spec = codegen.materialize_spec((s * t + u)._node)
+    source = nv.join_sources([spec], array_ndim=0)
+    assert codegen.OPAQUE_PREAMBLE in source
+    empty = ('template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }\n'
+             '__device__ __forceinline__ double _gs_opaque(double x) {'
+             ' asm volatile("" : "+d"(x)); return x; }\n')
+    planted = codegen.OPAQUE_PREAMBLE.split("template")[0] + (
+        "template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }\n"
+        if barrier == "none" else empty) + "#endif\n"
+    ptx = nv.compile_source(nvrtc, source.replace(codegen.OPAQUE_PREAMBLE, planted), "bare.cu",
+                            nv.cupy_options())
+    assert "DFMA" in nv.machine_code(ptx, tmp_path)
 
 
 def test_without_the_barrier_the_compiler_would_contract(nvrtc):

@@ -626,6 +626,27 @@ def test_the_cg_example_solves_with_zero_syncs(xp):
     assert host(n) == n_plain and host(x).tobytes() == host(x_plain).tobytes()
 
 
+def test_the_cg_examples_dot_is_the_same_bits_in_a_loop_body_and_outside(xp):
+    """Why the example's two solves are the same bits on a GPU: its inner product is one
+    routine wherever it runs. (``gs.dot`` is not: ``cupy.dot``'s cuBLAS call outside a
+    recording, gpuscalar's own dot kernel inside a body, two orders of summation, and the two
+    solves differed in the last bit on an H200.) Long vectors, so an order shows."""
+    cg = _example("cg")
+    rng = np.random.default_rng(5)
+    u, v = (xp.asarray(rng.standard_normal(5000)) for _ in range(2))
+    outside = cg.dot(u, v)
+    inside, count = xp.zeros(()), xp.zeros((), dtype=np.int64)
+
+    def body(u, v, inside, count):
+        inside[...] = cg.dot(u, v).array
+        count += 1
+
+    gs.while_loop(lambda *state: gs.GPUScalar(state[-1]) < 1, body, u, v, inside, count,
+                  max_iter=1)
+    assert host(count) == 1
+    assert np.asarray(host(inside)).tobytes() == np.asarray(host(outside)).tobytes()
+
+
 def test_the_kmeans_example_clusters_with_zero_syncs(xp):
     kmeans = _example("kmeans")
     points = kmeans.blobs(xp)
@@ -652,7 +673,8 @@ def test_the_benchmark_says_so_and_exits_0_without_a_gpu(tmp_path):
 
 
 def test_the_benchmark_cg_measurement_agrees_on_the_cpu(xp):
-    """The measured code runs (NumPy, strict): same iterates, zero syncs for while_loop."""
+    """The measured code runs (NumPy, strict, CuPy): same iterates, zero syncs for while_loop
+    (on a GPU the same bits since the example's dot is one cuBLAS routine in both solves)."""
 
     found = gpu_control.measure_cg(xp, 30, repeats=1)
     assert found["same_iterates"] and found["syncs"]["while_loop"] == 0

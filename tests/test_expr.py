@@ -523,3 +523,43 @@ def test_a_bounded_cache_reads_and_writes_like_the_seams_dict_caches():
             cache["b"]
     finally:
         expr.set_cache_size(previous)
+
+
+# ---- loops CuPy runs otherwise than NumPy ------------------------------------------------------
+
+
+def test_ldexp_clamps_an_int64_exponent_as_numpy_does_in_the_generated_cuda(nvrtc):
+    """NumPy's ldexp clamps an int64 exponent into C int's range (``ldexp(1.5, 2**40)`` is inf);
+    CuPy's int64 loop converts it to int, so 2**40 wrapped to 0 (1.5 on an H200). The CUDA
+    gpuscalar writes clamps it, for a Python int exponent and a device one, and compiles."""
+    pytest.importorskip("cupy")
+    from gpuscalar.lazy import codegen
+
+    from .test_codegen import compile_shapes
+
+    s = gs.asscalar(1.5)
+    with gs.lazy(True):
+        built = [np.ldexp(s, 2**40), np.ldexp(s, gs.asscalar(-(2**40))),
+                 np.ldexp(gs.asscalar(np.float32(1.5)), gs.asscalar(np.uint64(7))) * 2.0]
+    shapes = {v._node[0]: v._node for v in built}
+    for node in shapes.values():
+        assert "_gs_int_exponent(" in codegen.materialize_spec(node).operation
+    assert compile_shapes(nvrtc, shapes) == len(built)
+    assert [v.item() for v in built] == [math.inf, 0.0, 384.0]
+
+
+def test_an_unfused_replay_clamps_ldexp_and_tests_complex_truth_first():
+    """Where CuPy runs an op unfused (a CuPy without the internals codegen reads), the eager
+    call gets ldexp's exponent clamped and the truth of complex operands of a ``logical_*``
+    loop CuPy lacks (`codegen.unfused_args`), so it gives the float path's value."""
+    from gpuscalar.devices import NUMPY
+    from gpuscalar.lazy import codegen
+
+    s = gs.asscalar(1.5)
+    with gs.lazy(True):
+        ldexp = np.ldexp(s, 2**40)._node
+        logical_not = np.logical_not(gs.asscalar(0j))._node
+    args = codegen.unfused_args(NUMPY, ldexp.op, list(ldexp.children))
+    assert args[1] == 2**31 - 1 and args[1].dtype == np.int64
+    args = codegen.unfused_args(NUMPY, logical_not.op, list(logical_not.children))
+    assert args[0].dtype == np.bool_ and not args[0]

@@ -20,7 +20,7 @@ from gpuscalar.linalg._cg import _bicgstab, _cg, _cgs
 from gpuscalar.linalg._gmres import _gmres
 from gpuscalar.linalg._minres import _minres
 
-from .helpers import host
+from .helpers import backend_name, host
 
 N = 40
 RTOL = 1e-8
@@ -121,14 +121,42 @@ def test_scipys_solution_and_iteration_count_with_no_sync(xp, name, dtype, preco
     x, info, n, syncs, _ = _solve(xp, name, a, b, x0, m, rtol=RTOL, **kw)
     assert syncs == 0
     assert info == expected_info == 0
-    assert n == expected_n > 3
-    _close_within_tolerance(name, a, b, x, expected)
+    _same_iteration_count(xp, n, expected_n)
+    _close_within_tolerance(xp, name, a, b, x, expected, m, n)
 
 
-def _close_within_tolerance(name, a, b, x, expected):
+def _same_iteration_count(xp, n, expected_n):
+    """SciPy's count exactly on NumPy and the strict device (the same operations in the same
+    order). On CuPy within one: its inner products and ``A @ x`` add in other orders than
+    NumPy's BLAS (cuBLAS, gpuscalar's dot kernel), so the iterates differ in the last bits, and
+    where a residual lands next to the tolerance that can move the stopping test by one
+    iteration (minres with Jacobi took 51 iterations for SciPy's 52 on an H200: past N = 40
+    iterations Lanczos has lost orthogonality and the rounding is amplified)."""
+    assert expected_n > 3
+    if backend_name(xp) == "cupy":
+        assert abs(n - expected_n) <= 1, (n, expected_n)
+    else:
+        assert n == expected_n
+
+
+def _close_within_tolerance(xp, name, a, b, x, expected, m=None, n=None):
     """Both residuals within the solver's tolerance, so both solutions within
-    ``||A^-1||`` times it of the true one (on NumPy they agree to rounding)."""
-    if name == "minres":  # MINRES's test: ||r|| <= rtol ||A|| ||x|| (its estimates of them)
+    ``||A^-1||`` times it of the true one (on NumPy they agree to rounding).
+
+    MINRES stops on its own estimates: ``||r||_M <= rtol ||T_k||_F ||x||`` (``T_k`` its
+    Lanczos matrix of ``M^1/2 A M^1/2``, ``||r||_M = sqrt(r' M r)``). On NumPy and the strict
+    device the iterates are SciPy's and the residual is within ``2 rtol ||A||_2 ||x||``. On
+    CuPy the iterates are other roundings of the same recurrence and may stop an iteration
+    earlier (see `_same_iteration_count`), so the bound is the stopping test's own: each of
+    the ``k`` columns of ``T_k`` has norm at most ``||M^1/2 A M^1/2||_2`` (Paige: local
+    orthogonality survives rounding), so ``||T_k||_F <= sqrt(k) ||M^1/2 A M^1/2||_2``, and
+    ``||r||_2 <= ||r||_M / sqrt(min eig M)`` (times 2 for the estimates' own rounding)."""
+    if name == "minres" and backend_name(xp) == "cupy":
+        d = np.ones(len(b)) if m is None else np.real(np.diag(m))  # Jacobi: M is diagonal
+        scaled = np.sqrt(d)[:, None] * a * np.sqrt(d)[None, :]
+        tolerance = (2 * RTOL * np.sqrt(n) * np.linalg.norm(scaled, 2) * np.linalg.norm(x)
+                     / np.sqrt(d.min()))
+    elif name == "minres":  # MINRES's test: ||r|| <= rtol ||A|| ||x|| (its estimates of them)
         tolerance = 2 * RTOL * np.linalg.norm(a, 2) * np.linalg.norm(expected)
     else:
         tolerance = RTOL * np.linalg.norm(b) * (1.0 + 1e-6)
@@ -192,11 +220,12 @@ def test_column_vector_b_and_operators_as_callables(xp, name):
     a_dev = xp.asarray(a)
     op = gs.linalg.LinearOperator((N, N), lambda v: gs.matmul(a_dev, v), np.float64)
     dinv = xp.asarray(1.0 / np.abs(np.diag(a)))
-    x, info = getattr(gs.linalg, name)(op, xp.asarray(b).reshape(N, 1), rtol=RTOL,
-                                       M=lambda v: v * dinv)
-    expected, _, _ = _scipy(name, a, b, None, np.diag(1.0 / np.abs(np.diag(a))), rtol=RTOL)
+    m = np.diag(1.0 / np.abs(np.diag(a)))
+    x, info, n = OURS[name](op, xp.asarray(b).reshape(N, 1), rtol=RTOL, M=lambda v: v * dinv)
+    expected, _, expected_n = _scipy(name, a, b, None, m, rtol=RTOL)
     assert host(info) == 0
-    _close_within_tolerance(name, a, b, host(x), expected)
+    _same_iteration_count(xp, host(n), expected_n)
+    _close_within_tolerance(xp, name, a, b, host(x), expected, m, host(n))
 
 
 @pytest.mark.parametrize("name", list(OURS))
@@ -207,8 +236,10 @@ def test_csr_matrices_on_every_device(xp, name):
     csr = gs.as_csr(scipy.sparse.csr_matrix(a), like=b_dev)
     with gs.count_syncs(include_cupy=True) as counter:
         x, info, n = OURS[name](csr, b_dev, rtol=RTOL)
-    assert counter.count == 0 and host(info) == 0 and host(n) == expected_n
-    _close_within_tolerance(name, a, b, host(x), _scipy(name, a, b, None, None, rtol=RTOL)[0])
+    assert counter.count == 0 and host(info) == 0
+    _same_iteration_count(xp, host(n), expected_n)
+    _close_within_tolerance(xp, name, a, b, host(x), _scipy(name, a, b, None, None, rtol=RTOL)[0],
+                            None, host(n))
 
 
 @pytest.mark.parametrize("name", list(OURS))
@@ -219,7 +250,7 @@ def test_scipy_sparse_and_linear_operators_on_numpy(name):
         with gs.count_syncs() as counter:
             x, info, n = OURS[name](operator, b, rtol=RTOL)
         assert counter.count == 0 and host(info) == 0 and host(n) == expected_n
-        _close_within_tolerance(name, a, b, x, getattr(sla, name)(operator, b, rtol=RTOL)[0])
+        _close_within_tolerance(np, name, a, b, x, getattr(sla, name)(operator, b, rtol=RTOL)[0])
 
 
 # ---- bad inputs ---------------------------------------------------------------------------

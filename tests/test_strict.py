@@ -820,3 +820,51 @@ def test_namedtuple_results_hold_strict_arrays(name, call):
     assert all(type(part) is strict.StrictArray and part.device.id == 1 for part in result)
     if name == "eigh":
         np.testing.assert_allclose(host(result.eigenvalues), np.linalg.eigvalsh(host(a)))
+
+
+# ---- loops CuPy has no routine for -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", [
+    lambda z: np.logical_not(z), lambda z: xp.logical_not(z), lambda z: np.logical_and(z, z),
+    lambda z: xp.logical_or(z, xp.ones(2)), lambda z: np.logical_xor(z, 1j),
+], ids=["np.logical_not", "xp.logical_not", "logical_and", "logical_or", "logical_xor"])
+def test_a_loop_cupy_lacks_is_cupys_type_error(call):
+    """CuPy 14's ``logical_*`` ufuncs have no complex loop (cupy/_logic/ops.py): a TypeError."""
+    z = xp.asarray(np.array([1j, 0j]))
+    with pytest.raises(TypeError, match="cupy_logical_"):
+        call(z)
+    assert host(np.logical_not(xp.asarray(np.array([1.5, 0.0])))).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
+def test_a_gpuscalar_op_cupy_lacks_a_loop_for_is_refused_unless_gpuscalar_writes_it(
+        lazy, monkeypatch):
+    """``np.logical_not`` of a complex GPUScalar gives the float path's bool on the strict device
+    because gpuscalar's CUDA writes that loop itself (`codegen.OWN_ROUTINES`: CuPy has none);
+    without it the strict device refuses the expression as CuPy would (the TypeError a real GPU
+    run met), so CI sees such a gap."""
+    from gpuscalar.devices.strict import loops as strict_loops
+    from gpuscalar.lazy import codegen
+
+    like = xp.zeros(1)
+    z = gs.asscalar(2.5 + 1j, like=like)
+    with gs.lazy(lazy):
+        assert np.logical_not(z).item() is False
+        assert np.logical_xor(z, gs.asscalar(0j, like=like)).item() is True
+    own = {k: v for k, v in codegen.OWN_ROUTINES.items() if k[0] != "logical_not"}
+    monkeypatch.setattr(codegen, "OWN_ROUTINES", own)
+    monkeypatch.setattr(strict_loops, "_RUNNABLE", set())
+    with gs.lazy(lazy), pytest.raises(TypeError, match="cupy_logical_not"):
+        np.logical_not(gs.asscalar(2.5 + 1j, like=like)).item()
+
+
+def test_a_ufunc_keyword_cupy_lacks_is_cupys_type_error():
+    """CuPy 14's ufuncs take out, dtype and casting only: ``where=`` (a NumPy keyword) is a
+    TypeError there, so on the strict device too, before anything runs."""
+    x = strict.xp.ones(3)
+    mask = strict.xp.asarray(np.array([True, False, True]))
+    with gs.count_syncs() as counter, pytest.raises(TypeError, match=r"Wrong arguments \{'where'"):
+        np.add(x, 1.0, where=mask, out=x)
+    assert counter.device_ops == 0
+    assert np.add(x, 1.0, out=x, casting="same_kind", dtype=np.float64) is x  # what CuPy takes

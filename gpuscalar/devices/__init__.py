@@ -8,9 +8,10 @@ nodes, cuBLAS, kernels). Code outside the wings finds a device through this regi
 one more folder and one registration line below (`BACKENDS`).
 
 No import circle: the registry imports each wing's root module only (`host.backend`,
-`strict.device`, `cupy.backend`), and those import, beside their own wing, nothing above the
-bottom layer (`gpuscalar.backend`, `sync`, `ledger`, `known`); a wing's other modules
-(`cupy.graphs`, `cupy.linalg`, ...) may use the registry.
+`strict.device`, `cupy.backend`), and what those reach, beside their own wing, is below the
+registry (`gpuscalar.backend`, `sync`, `ledger`, `known`, `lazy.expr`, `lazy.codegen`); a wing's
+other modules (`cupy.graphs`, `cupy.linalg`, ...) may use the registry. `tests/test_layering.py`
+checks both.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ replaces. Eager CuPy runs each operation as its own ufunc kernel: CuPy's routine
 loop (``cupy.<ufunc>._ops``), its inputs converted as CuPy converts them (``fix_cast_expr``),
 compiled with CuPy's default options. So each node here emits exactly that: CuPy's own routine
 string, type names and casts, in a block of its own. Between nodes, the value passes through an
-opaque barrier (an empty ``asm volatile`` on the register), so the compiler cannot contract a
-multiply of one operation with an add of the next into an FMA — which eager CuPy, one kernel per
-operation, can never do — while inside a routine it contracts exactly as it would in CuPy's own
-kernel (same routine, same default flags).
+opaque barrier (``OPAQUE_PREAMBLE``: an exact ``add.rn`` of -0.0 in inline PTX), so neither
+NVVM nor ptxas can contract a multiply of one operation with an add of the next into an FMA
+— which eager CuPy, one kernel per operation, can never do — while inside a routine it
+contracts exactly as it would in CuPy's own kernel (same routine, same default flags).
 
 The output is plain source text and parameter lists for ``cupy.ElementwiseKernel`` (CuPy adds
 its headers, broadcasting and launch), generated deterministically from a `gpuscalar.expr.Plan`:
@@ -40,6 +40,9 @@ from . import expr
 
 __all__ = [
     "FusionUnsupported",
+    "OWN_ROUTINES",
+    "INT_EXPONENT_PREAMBLE",
+    "unfused_args",
     "OPAQUE_PREAMBLE",
     "ScalarCode",
     "KernelSpec",
@@ -83,20 +86,41 @@ def _cupy_internals(what: str) -> Iterator[None]:
         ) from error
 
 
-#: Keeps each operation's value in a register the compiler cannot see through: no FMA spans two
-#: operations, as none can between two eager kernels. Integers and float16 (rounded to half by
-#: every CuPy operation) need no barrier.
+#: Ends each operation with an instruction of its own that rounds: no FMA spans two operations,
+#: as none can between two eager kernels. Two compilers contract a multiply and an add: NVVM (an
+#: empty ``asm volatile`` on the register stops it) and ptxas, which fuses a PTX ``mul.f64``
+#: with the ``add.f64`` that reads it (seen on an H200: lazy ``a*b + c*d`` differed from eager
+#: in 741 of 4,500 cases). So the barrier is ``add.rn`` of -0.0: exact for every value (-0.0,
+#: subnormals and infinities included; no ``.ftz``), and an instruction with an explicit
+#: rounding mode, which ptxas never contracts; tests/test_codegen.py assembles the PTX with
+#: ptxas and reads the machine code to check it. Integers and float16 (rounded to half by every
+#: CuPy operation) need no barrier.
 OPAQUE_PREAMBLE = """
 #ifndef GPUSCALAR_OPAQUE_DEFINED
 #define GPUSCALAR_OPAQUE_DEFINED
 template <typename T> __device__ __forceinline__ T _gs_opaque(T x) { return x; }
-__device__ __forceinline__ float _gs_opaque(float x) { asm volatile("" : "+f"(x)); return x; }
-__device__ __forceinline__ double _gs_opaque(double x) { asm volatile("" : "+d"(x)); return x; }
+__device__ __forceinline__ float _gs_opaque(float x) {
+    asm volatile("add.rn.f32 %0, %0, 0f80000000;" : "+f"(x)); return x;
+}
+__device__ __forceinline__ double _gs_opaque(double x) {
+    asm volatile("add.rn.f64 %0, %0, 0d8000000000000000;" : "+d"(x)); return x;
+}
 __device__ __forceinline__ thrust::complex<float> _gs_opaque(thrust::complex<float> x) {
     return thrust::complex<float>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
 }
 __device__ __forceinline__ thrust::complex<double> _gs_opaque(thrust::complex<double> x) {
     return thrust::complex<double>(_gs_opaque(x.real()), _gs_opaque(x.imag()));
+}
+#endif
+"""
+
+#: ldexp's int64 exponent clamped into C int's range, as NumPy's ``ldexp`` loop clamps it
+#: (CuPy's routine ``ldexp(in0, in1)`` converts it to int, wrapping: ``2**40`` becomes 0).
+INT_EXPONENT_PREAMBLE = """
+#ifndef GPUSCALAR_INT_EXPONENT_DEFINED
+#define GPUSCALAR_INT_EXPONENT_DEFINED
+__device__ __forceinline__ long long _gs_int_exponent(long long e) {
+    return e < -2147483648LL ? -2147483648LL : (e > 2147483647LL ? 2147483647LL : e);
 }
 #endif
 """
@@ -173,9 +197,51 @@ def cupy_op(op: expr.Op) -> tuple[Any, Any]:
                 break
         else:
             found = ufunc._ops._guess_routine_from_in_types(in_dtypes)
+        if found is None and (op.name, in_dtypes[0].kind) in OWN_ROUTINES:
+            found = _OwnRoutine(in_dtypes, op.out_dtypes,
+                                OWN_ROUTINES[op.name, in_dtypes[0].kind])
         if found is None or not isinstance(found.routine, str) or ufunc._loop_prep:
             raise FusionUnsupported(f"CuPy has no fusable routine for {op!r}")
     return ufunc, found
+
+
+#: (ufunc name, input dtype kind) -> gpuscalar's own routine for a NumPy loop CuPy 14 lacks
+#: (cupy/_logic/ops.py: no complex loop for ``logical_not/and/or/xor``; NumPy's complex loops
+#: read a number as true where either part is nonzero, NaN included). Without it, a complex
+#: GPUScalar's ``np.logical_not(s)`` would reach CuPy's ufunc, a TypeError where the float path
+#: gives a bool. The strict device refuses these loops as CuPy does unless they are listed here
+#: (`gpuscalar.strict.cupy_lacks_loop`), so CI sees such a gap.
+OWN_ROUTINES: dict[tuple[str, str], str] = {
+    ("logical_not", "c"): "out0 = in0 == in0_type(0)",
+    ("logical_and", "c"): "out0 = (in0 != in0_type(0)) && (in1 != in1_type(0))",
+    ("logical_or", "c"): "out0 = (in0 != in0_type(0)) || (in1 != in1_type(0))",
+    ("logical_xor", "c"): "out0 = (in0 != in0_type(0)) != (in1 != in1_type(0))",
+}
+
+
+def unfused_args(backend: Any, op: expr.Op, args: list[Any]) -> list[Any]:
+    """The operands eager CuPy is called with for ``op`` where it runs unfused (a CuPy without
+    the internals read here): complex operands of a loop CuPy lacks (`OWN_ROUTINES`) as their
+    truth values (one ``!= 0`` each), ldexp's int64 exponent clamped as NumPy clamps it."""
+    if op.kind != "ufunc":
+        return args
+    if (op.name, op.in_dtypes[0].kind) in OWN_ROUTINES:
+        return [backend.call(backend.ufunc("not_equal"), a, 0) for a in args]
+    if op.name == "ldexp" and op.in_dtypes[1].itemsize > 4:
+        exponent = args[1]
+        clamped = (np.clip(exponent, -2**31, 2**31 - 1) if isinstance(exponent, np.generic)
+                   else backend.call(backend.xp.clip, exponent, -2**31, 2**31 - 1))
+        return [args[0], clamped]
+    return args
+
+
+@dataclass(frozen=True)
+class _OwnRoutine:
+    """A routine of `OWN_ROUTINES`, shaped as CuPy's ``_Op`` (what `_routine_lines` reads)."""
+
+    in_types: tuple[np.dtype, ...]
+    out_types: tuple[np.dtype, ...]
+    routine: str
 
 
 # ---- statements for one expression -------------------------------------------------------------
@@ -288,6 +354,14 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
     headers: list[str] = []
     value_type = cuda_type(op.dtype, headers)
     operands = list(inputs)
+    if op.name == "ldexp" and routine_op.in_types[1].itemsize > 4:
+        # C's ldexp takes an int: CuPy's int64 loop converts the exponent (2**40 wraps to 0);
+        # NumPy's clamps it into int's range, which keeps the value (|e| > 2200 saturates)
+        source, dtype = operands[1]
+        wanted = routine_op.in_types[1]
+        operands[1] = (f"_gs_int_exponent({cast_expression(dtype, wanted, source)})", wanted)
+        if INT_EXPONENT_PREAMBLE not in preambles:
+            preambles.append(INT_EXPONENT_PREAMBLE)
     if op.kind == "round":
         operands.append((f"{int(op.param)}LL", np.dtype(np.int64)))
     lines = [f"{value_type} {variable};", "{",

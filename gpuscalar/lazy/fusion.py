@@ -340,7 +340,7 @@ def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
     for op, refs in plan.steps:
         args = [leaves[r] if r >= 0 else results[~r] for r in refs]
         if op.kind == "ufunc":
-            value = backend.call(backend.ufunc(op.name), *args)
+            value = backend.call(backend.ufunc(op.name), *codegen.unfused_args(backend, op, args))
             value = value[op.output] if len(op.out_dtypes) > 1 else value
         elif op.kind == "where":
             value = backend.call(backend.xp.where, *args)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ... import ledger
-from ...backend import Backend
+from ...backend import CUPY_UFUNC_KEYWORDS, Backend
 
 __all__ = ["CudaSeam", "CupyBackend", "CUPY"]
 
@@ -252,6 +252,7 @@ class CupyBackend(Backend):
     name = "cupy"
     multi_device = True
     supports_signature = False
+    ufunc_keywords = CUPY_UFUNC_KEYWORDS
 
     def __init__(self) -> None:
         self.seam: CudaSeam = CudaSeam()

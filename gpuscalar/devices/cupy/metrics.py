@@ -2,7 +2,7 @@
 
 Why this module exists: a metric log is only worth having if recording costs the loop nothing
 (no sync, no upload, a host cost below one CuPy ufunc call) and reading costs it no stall.
-Here, for CuPy (every CUDA call through `gpuscalar.backend.CudaSeam`):
+Here, for CuPy (every CUDA call through `gpuscalar.devices.cupy.backend.CudaSeam`):
 
 - **record**: ONE launch of a cached ``RawKernel`` generated per column kinds (a number by
   value, a 0-d array by pointer, a pending GPUScalar computed in the kernel from its leaves, as

@@ -62,9 +62,9 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from ... import sync
-from ...backend import SCALAR_FUNCTIONS, Backend
+from ...backend import CUPY_UFUNC_KEYWORDS, SCALAR_FUNCTIONS, Backend, refuse_ufunc_keywords
 from ...known import INCOMING, arrive
-from . import capture
+from . import capture, loops
 from .capture import (
     CUBLAS_CAPTURE_MESSAGE,
     CURAND_CAPTURE_MESSAGE,
@@ -200,6 +200,7 @@ def _call(function: Callable[..., Any], args: tuple, kwargs: dict, count: bool =
     rule = _LIBRARY_RULES.get(function)
     if rule is not None and sync.in_graph_body():  # what CuPy refuses while capturing
         rule(function, raw_args, raw_kwargs)
+    loops.refuse_array_call(function, raw_args)  # a loop CuPy lacks (logical_not of c)
     with _DeviceWork(count):
         result = function(*raw_args, **raw_kwargs)
     return _lift(result, operands.result_device())
@@ -410,6 +411,8 @@ class StrictArray(NDArrayOperatorsMixin):
                 kind is not np.ndarray
             ):
                 return NotImplemented  # a GPUScalar (its promotion rules call us back) or other
+        if method == "__call__":
+            refuse_ufunc_keywords(STRICT, kwargs)
         result = _call(ufunc if method == "__call__" else getattr(ufunc, method), inputs, kwargs)
         if out is not None:
             return out[0] if type(out) is tuple and len(out) == 1 else out
@@ -707,6 +710,7 @@ class StrictBackend(Backend):
 
     name = "strict"
     multi_device = True
+    ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
 
     @property
@@ -727,6 +731,7 @@ class StrictBackend(Backend):
         return data.item() if data.ndim == 0 else data.copy()
 
     def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        loops.refuse_pending(args)  # an expression holding an op CuPy could not run
         with _DeviceWork():  # one op, whatever the strict arrays do inside it
             return func(*args, **kwargs)
 
