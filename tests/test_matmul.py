@@ -93,10 +93,14 @@ def test_gemv_plans_for_matrix_vector_and_vector_matrix(m, k, rng):
 
 
 def test_dot_of_two_vectors_is_a_zero_d_result(rng):
-    a, b = rng.standard_normal(7), rng.standard_normal(14)[::2]
-    call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
-    assert shape == ()
-    np.testing.assert_allclose(emulate(call, a, b), [a @ b], rtol=1e-12)
+    """A contiguous ``a`` is a k x 1 column read transposed (cuBLAS sums it in parallel); a
+    strided one a 1 x k row (one thread sums it), as before."""
+    for a, b, transposed in ((rng.standard_normal(7), rng.standard_normal(14)[::2], True),
+                             (rng.standard_normal(21)[::3], rng.standard_normal(7), False)):
+        call, shape = linalg.plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+        assert shape == () and call.routine == "gemv"
+        assert (call.transx == cublas.OP_T) == transposed
+        np.testing.assert_allclose(emulate(call, a, b), [a @ b], rtol=1e-12)
 
 
 def test_batched_plans_with_a_broadcast_operand(rng):

@@ -168,10 +168,14 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[i
     if (len(a_shape) == 1 or len(b_shape) == 1) and max(len(a_shape), len(b_shape)) == 3:
         raise ValueError(f"gs.matmul: a 1-D operand with a batch ({a_shape} @ {b_shape}) is not "
                          "supported; reshape the vector to a matrix")
-    if len(a_shape) == 1 and len(b_shape) == 1:  # a dot product, as a 1 x k matrix times b
-        return (BlasCall("gemv", "a", transx=cublas.OP_N, m=1, n=k, k=k,
-                         ldx=_step(a_shape, a_strides, itemsize),
-                         incx=_step(b_shape, b_strides, itemsize), incy=1), ())
+    if len(a_shape) == 1 and len(b_shape) == 1:  # a dot product
+        step_a, incx = _step(a_shape, a_strides, itemsize), _step(b_shape, b_strides, itemsize)
+        if step_a == 1:  # (k x 1)ᵀ b: gemv's transposed form sums one column in parallel
+            return (BlasCall("gemv", "a", transx=cublas.OP_T, m=k, n=1, k=k, ldx=max(k, 1),
+                             incx=incx, incy=1), ())
+        # a 1 x k matrix times b (its row step the leading dimension): one thread sums the row
+        return (BlasCall("gemv", "a", transx=cublas.OP_N, m=1, n=k, k=k, ldx=step_a,
+                         incx=incx, incy=1), ())
     if len(b_shape) == 1:  # y(m) = A(m x k) x
         op, ld = _matrix(a_shape, a_strides, itemsize, "a")
         rows, cols = (k, a_shape[0]) if op == cublas.OP_T else (a_shape[0], k)
