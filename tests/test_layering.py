@@ -1,6 +1,8 @@
 """The package's layering, checked on its source: the modules that hold features never ask which
 backend they run on (each consumer picks its executor once, from the backend), no module is
-over ~800 lines, and no import circle exists (type-only and function-level imports included)."""
+over ~800 lines, no import circle exists (type-only and function-level imports included), and
+each device is one folder under gpuscalar/devices/ (a wing) that the rest of the package
+reaches through the registry, ``gpuscalar.devices``."""
 
 from __future__ import annotations
 
