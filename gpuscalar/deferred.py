@@ -643,10 +643,12 @@ def _comm_and_ops(comm: Any, ops: Any) -> tuple[Any, dict[str, str]]:
 
 def _rank_and_size(comm: Any) -> tuple[int, int]:
     """This process's rank and the number of processes of the user's communicator (mpi4py's
-    ``Get_rank``/``Get_size``, NCCL's ``rank_id``/``size``; a ``cupyx.distributed``
-    backend's communicator)."""
+    ``Get_rank``/``Get_size``, NCCL's ``rank_id``/``size``, nccl4py's ``rank``/``nranks``; a
+    ``cupyx.distributed`` backend's communicator)."""
     if hasattr(comm, "Get_rank"):
         return int(comm.Get_rank()), int(comm.Get_size())
+    if isinstance(getattr(type(comm), "nranks", None), property):  # nccl4py
+        return int(comm.rank), int(comm.nranks)
     inner = comm if hasattr(comm, "rank_id") else getattr(comm, "_comm", comm)
     return int(inner.rank_id()), int(inner.size())
 

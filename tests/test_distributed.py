@@ -242,6 +242,111 @@ def test_a_nccl_collective_may_be_recorded_in_a_captured_step():
         assert [call[5] for call in comm.calls] == streams and len(streams) == 2
 
 
+class RecordingNccl4py:
+    """Stands for nccl4py's ``nccl.core.Communicator`` of one rank among ``ranks`` whose other
+    ranks hold the same values: ``allreduce(sendbuf, recvbuf, op, *, stream)`` on buffers (the
+    CuPy array itself; nccl4py reads pointer, count and NCCL datatype from it), ``nranks``,
+    ``rank`` and ``device`` as properties. Answers on the fake device memory."""
+
+    def __init__(self, ranks: int = 2, device: int = 0) -> None:
+        self.ranks, self._device = ranks, device
+        self.calls: list[tuple] = []
+
+    @property
+    def nranks(self) -> int:
+        return self.ranks
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def device(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(device_id=self._device)
+
+    def allreduce(self, sendbuf, recvbuf, op, *, stream=None) -> None:
+        from .cupy_fake import host_view
+
+        assert sendbuf is recvbuf or sendbuf.data.ptr == recvbuf.data.ptr  # in place
+        self.calls.append((sendbuf.data.ptr, np.dtype(sendbuf.dtype), sendbuf.size, op, stream))
+        values = host_view(sendbuf)
+        values[...] = {0: values * self.ranks, 1: values ** self.ranks}.get(op, values)
+
+
+@pytest.mark.needs_cupy
+@pytest.mark.parametrize(("dtype", "op"), [("float32", "sum"), ("float64", "mean"),
+                                           ("int32", "max"), ("complex128", "sum")])
+def test_nccl4py_communicators_reduce_buffers_on_the_stream_with_no_sync(dtype, op):
+    """nccl4py's call takes buffers, not pointers: the packed buffer itself (complex as its
+    real view), NCCL's op number, the current stream; one call, no sync, the same results."""
+    from gpuscalar.distributed.nccl import NCCL_OPS
+
+    from .cupy_fake import host_view
+
+    memory, seam_context = _nccl_setup()
+    with seam_context as seam:
+        x = np.asarray(3, dtype=dtype) + (1j if dtype.startswith("complex") else 0)
+        grad_values = (np.arange(6) % 4 + 1).astype(dtype).reshape(2, 3)
+        scalar, grad = gs.GPUScalar(seam.array(x)), seam.array(grad_values)
+        comm = RecordingNccl4py()
+        seam.clear()
+        with gs.count_syncs(include_cupy=True) as counter:
+            loss, g = gs.distributed.all_reduce([scalar, grad], op, comm=comm)
+        assert counter.count == 0 and not seam.reads and not seam.uploads, counter.report()
+        (_, buffer_dtype, count, nccl_op, stream), = comm.calls
+        real = np.dtype(dtype.lower().replace("complex128", "float64"))
+        assert buffer_dtype == (np.dtype(np.int64) if op == "mean" and dtype == "int32"
+                                else real)
+        assert count == 7 * (2 if dtype.startswith("complex") else 1)
+        assert nccl_op == NCCL_OPS[op] and stream == seam.current_stream().ptr
+        reduce = {"sum": lambda v: v * 2, "mean": lambda v: v * 2 / 2, "max": lambda v: v}[op]
+        assert np.array_equal(host_view(g), reduce(grad_values).astype(g.dtype))
+        with gs.count_syncs() as counter:
+            assert loss.item() == reduce(x).astype(loss.dtype)[()]
+        assert counter.count == 1
+
+
+def test_nccl4py_is_told_from_mpi4py_by_its_properties():
+    from gpuscalar.distributed.nccl import is_nccl4py_communicator
+
+    class MpiLike:  # mpi4py's Comm has a lowercase allreduce too
+        def allreduce(self, sendobj, op=None):
+            return sendobj
+
+        def Get_size(self):  # noqa: N802 - mpi4py's
+            return 1
+
+    assert is_nccl4py_communicator(RecordingNccl4py())
+    assert not is_nccl4py_communicator(MpiLike())
+    with pytest.raises(TypeError, match="nccl4py's nccl.core.Communicator"):
+        gs.distributed.all_reduce(np.ones(2), comm=MpiLike())
+
+
+def _real_nccl4py():
+    """nccl4py's own communicator of one rank on device 0, where nccl4py imports and a GPU is
+    present (nccl4py is not a dependency: it is tested where it imports)."""
+    if not gs.gpu_available():
+        pytest.skip("nccl4py for real needs a CUDA device (the recording double runs in CI)")
+    nccl = pytest.importorskip("nccl.core", reason="nccl4py is not installed")
+    unique_id = nccl.get_unique_id()
+    return nccl.Communicator.init(nranks=1, rank=0, unique_id=unique_id)
+
+
+def test_a_real_nccl4py_communicator_reduces_with_no_sync():
+    import cupy
+
+    comm = _real_nccl4py()
+    loss = gs.sum(cupy.arange(4.0)) * 0.5
+    grad = cupy.arange(6, dtype=cupy.float32)
+    with gs.count_syncs(include_cupy=True) as counter:
+        total, g = gs.distributed.all_reduce([loss, grad], "sum", comm=comm)
+    assert counter.count == 0, counter.report()
+    assert float(total) == 3.0
+    assert np.array_equal(cupy.asnumpy(g), np.arange(6, dtype=np.float32))
+
+
 # ---- NCCL for real: one rank on a GPU (CI has none: skipped there) ---------------------------
 
 

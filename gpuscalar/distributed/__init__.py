@@ -129,7 +129,8 @@ def wrap_comm(comm: Any) -> Any:
     An ``mpi4py`` ``MPI.Comm`` (intracommunicator) gives a `gpuscalar.distributed.mpi.MpiComm`.
     A NCCL communicator (CuPy's ``cupy.cuda.nccl.NcclCommunicator``, or anything with its
     ``allReduce``/``size``/``device_id`` calls; a ``cupyx.distributed.NCCLBackend`` gives the
-    one it holds) gives a `gpuscalar.distributed.nccl.NcclComm`. Anything else is a TypeError
+    one it holds; NVIDIA's nccl4py ``nccl.core.Communicator``) gives a
+    `gpuscalar.distributed.nccl.NcclComm`. Anything else is a TypeError
     naming it. Never imports mpi4py or CuPy: a user who holds such a communicator has imported
     them."""
     mpi = sys.modules.get("mpi4py.MPI")
@@ -148,7 +149,8 @@ def wrap_comm(comm: Any) -> Any:
     raise TypeError(
         f"gs.distributed.all_reduce: comm= is {sync.describe(comm)}; expected your own "
         "communicator: an mpi4py MPI.Comm, or a NCCL communicator (cupy.cuda.nccl."
-        "NcclCommunicator, cupyx.distributed.NCCLBackend); gpuscalar never creates one"
+        "NcclCommunicator, cupyx.distributed.NCCLBackend, nccl4py's nccl.core.Communicator); "
+        "gpuscalar never creates one"
     )
 
 

@@ -6,9 +6,11 @@ arrays the next kernels read on the device, and nothing waits (a read of a resul
 ordinary counted sync). The communicator is the user's: CuPy's
 ``cupy.cuda.nccl.NcclCommunicator`` or the one a ``cupyx.distributed.NCCLBackend`` holds
 (its ``_comm``), anything with NCCL's calls (``allReduce(sendbuf, recvbuf, count, datatype, op,
-stream)`` on device pointers, ``size()``, ``device_id()``); gpuscalar never creates one, and
-never imports ``cupy.cuda.nccl`` (which loads libnccl): NCCL's datatype and op numbers are
-its stable ``nccl.h`` enums, below.
+stream)`` on device pointers, ``size()``, ``device_id()``), or NVIDIA's nccl4py
+``nccl.core.Communicator`` (``allreduce(sendbuf, recvbuf, op, stream=)`` on buffers: the packed
+CuPy array itself); gpuscalar never creates one, and never imports ``cupy.cuda.nccl`` or
+nccl4py (which load libnccl): NCCL's datatype and op numbers are its stable ``nccl.h`` enums,
+below.
 
 NCCL has no complex and no 16-bit integer datatypes: complex values are reduced as pairs of
 reals (sum and mean; a complex product or ordering is refused), int16/uint16 are refused.
@@ -24,7 +26,8 @@ from ..backend import Backend
 from ..devices import CUPY
 from .packing import buffer_dtype, pack, unpack
 
-__all__ = ["NcclComm", "NCCL_TYPES", "NCCL_OPS", "is_nccl_communicator"]
+__all__ = ["NcclComm", "NCCL_TYPES", "NCCL_OPS", "is_nccl_communicator",
+           "is_nccl4py_communicator"]
 
 #: NumPy dtype -> NCCL's ``ncclDataType_t`` (nccl.h: ncclInt8 0, ncclUint8 1, ncclInt32 2,
 #: ncclUint32 3, ncclInt64 4, ncclUint64 5, ncclFloat16 6, ncclFloat32 7, ncclFloat64 8)
@@ -37,18 +40,38 @@ NCCL_OPS = {"sum": 0, "mean": 0, "prod": 1, "max": 2, "min": 3}
 
 
 def is_nccl_communicator(comm: Any) -> bool:
-    """Whether ``comm`` has NCCL's communicator calls (CuPy's ``NcclCommunicator`` has)."""
-    return all(callable(getattr(comm, name, None)) for name in ("allReduce", "size", "device_id"))
+    """Whether ``comm`` has NCCL's communicator calls: CuPy's ``NcclCommunicator``
+    (``allReduce`` on pointers, ``size()``, ``device_id()``) or nccl4py's
+    ``nccl.core.Communicator`` (`is_nccl4py_communicator`)."""
+    return all(callable(getattr(comm, name, None))
+               for name in ("allReduce", "size", "device_id")) or is_nccl4py_communicator(comm)
+
+
+def is_nccl4py_communicator(comm: Any) -> bool:
+    """Whether ``comm`` is nccl4py's communicator: ``allreduce(sendbuf, recvbuf, op, *,
+    stream)`` on buffers (a CuPy array), the ``nranks`` and ``device`` properties. (An mpi4py
+    communicator also has an ``allreduce``, but neither property.)"""
+    kind = type(comm)
+    return callable(getattr(comm, "allreduce", None)) and all(
+        isinstance(getattr(kind, name, None), property) for name in ("nranks", "device"))
 
 
 class NcclComm:
-    """The user's NCCL communicator, as `gpuscalar.distributed.all_reduce` uses it."""
+    """The user's NCCL communicator, as `gpuscalar.distributed.all_reduce` uses it: CuPy's
+    (a pointer call) or nccl4py's (a call on buffers, NCCL's datatype read from their dtype;
+    its op numbers are nccl.h's, as here)."""
 
-    __slots__ = ("comm", "size")
+    __slots__ = ("comm", "size", "device_id", "on_buffers")
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
-        self.size = int(comm.size())
+        self.on_buffers = is_nccl4py_communicator(comm)
+        if self.on_buffers:
+            self.size = int(comm.nranks)
+            self.device_id = int(comm.device.device_id)
+        else:
+            self.size = int(comm.size())
+            self.device_id = int(comm.device_id())
 
     def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
                    op: str) -> tuple[list[Any], list[Any]]:
@@ -57,7 +80,7 @@ class NcclComm:
         if backend is not CUPY:
             raise TypeError(f"gs.distributed.all_reduce: a NCCL communicator reduces CuPy "
                             f"arrays, not {backend.name} ones (use an mpi4py communicator)")
-        own = int(self.comm.device_id())
+        own = self.device_id
         if own != device:
             raise ValueError(f"gs.distributed.all_reduce: the values are on CUDA device "
                              f"{device!r}, the NCCL communicator on device {own}")
@@ -70,6 +93,10 @@ class NcclComm:
             buffers = backend.call(pack, backend.xp, arrays, groups)  # one device op
             stream = CUPY.seam.current_stream()
             for buffer, (nccl_type, per_element) in zip(buffers, kinds, strict=True):
+                if self.on_buffers:  # nccl4py: complex as pairs of reals, by a real view
+                    reals = buffer if per_element == 1 else buffer.view(buffer.dtype.char.lower())
+                    backend.call(self.comm.allreduce, reals, reals, nccl_op, stream=stream.ptr)
+                    continue
                 address = backend.data_address(buffer)
                 backend.call(self.comm.allReduce, address, address, buffer.size * per_element,
                              nccl_type, nccl_op, stream.ptr)  # in place, on the stream
