@@ -14,9 +14,11 @@ device→host copy; only `sync.to_host` may call it, which is how sync accountin
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import importlib
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from . import ledger
 
@@ -44,6 +46,10 @@ def refuse_ufunc_keywords(backend: Backend, kwargs: dict[str, Any]) -> None:
                         f"{', '.join(sorted(accepted))} only)")
 
 
+#: held while a backend makes an executor (`Backend.executor`'s miss path)
+_EXECUTORS_MADE = threading.RLock()
+
+
 class Backend:
     """What gpuscalar needs to know about one array library."""
 
@@ -65,6 +71,33 @@ class Backend:
     #: (read on the host, or uploaded by a fill kernel), and making one costs no device op
     #: beyond the host call; the strict device stands for a GPU, so it is not
     host_memory: bool = False
+    #: The device's executors, one per slot a feature asks for (`executor`): slot ->
+    #: ``"module:factory"``, the module inside the device's wing, imported on first use and the
+    #: factory called once with the backend (a device bundle names its runtimes as tinygrad's
+    #: ``Device`` names ``runtime.ops_*``: neither the protocol nor the registry imports them,
+    #: so no wing module's imports reach back up). The protocol of each slot lives beside the
+    #: feature that consumes it.
+    executors: ClassVar[Mapping[str, str]] = {}
+
+    def executor(self, slot: str) -> Any:
+        """This device's executor for ``slot`` (see `executors`), made once. A device without
+        one is a ``LookupError`` naming the device and the slot."""
+        made = self.__dict__.get("_executors")
+        if made is not None:
+            found = made.get(slot)
+            if found is not None:
+                return found
+        with _EXECUTORS_MADE:  # the miss path only: each executor made once per backend
+            made = self.__dict__.setdefault("_executors", {})
+            found = made.get(slot)
+            if found is None:
+                spec = self.executors.get(slot)
+                if spec is None:
+                    raise LookupError(f"gpuscalar: the {self.name} device has no {slot!r} "
+                                      f"executor (it has: {', '.join(sorted(self.executors))})")
+                module, _, factory = spec.partition(":")
+                found = made[slot] = getattr(importlib.import_module(module), factory)(self)
+        return found
 
     @property
     def xp(self) -> ModuleType:

@@ -216,3 +216,38 @@ def test_outside_the_wings_a_device_is_reached_through_the_registry():
             continue
         found |= {(name, t) for t in _module_imports(path) if t.startswith("gpuscalar.devices.")}
     assert found == WING_IMPORTS_OUTSIDE
+
+
+def test_an_executor_slot_is_imported_on_first_use_and_made_once(monkeypatch):
+    """`Backend.executor`: the wing module named by the slot, imported when first asked for,
+    its factory called once with the backend; an unknown slot names the device and its slots."""
+    import sys
+    import threading
+    import types
+
+    from gpuscalar.backend import Backend
+
+    made = []
+    module = types.ModuleType("planted_wing_module")
+    module.Loops = lambda backend: made.append(backend) or ("loops of", backend.name)
+    monkeypatch.setitem(sys.modules, "planted_wing_module", module)
+
+    class Planted(Backend):
+        name = "planted"
+        executors = {"loops": "planted_wing_module:Loops"}
+
+    backend = Planted()
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(backend.executor("loops")))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert found == [("loops of", "planted")] * 8 and made == [backend]
+    try:
+        backend.executor("graphs")
+    except LookupError as error:
+        assert "the planted device has no 'graphs' executor (it has: loops)" in str(error)
+    else:
+        raise AssertionError("an unknown slot must be a LookupError")
