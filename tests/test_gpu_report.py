@@ -182,3 +182,31 @@ def test_the_test_section_runs_without_pytest_benchmark(monkeypatch):
         "-o", "addopts=-rfE", "--ignore=bench")
     monkeypatch.setattr(gpu_report.importlib.util, "find_spec", real_find_spec)
     assert gpu_report._without_pytest_benchmark(argv) == argv
+
+
+def test_tests_gpu_narrows_the_test_section_to_what_ci_cannot_run(monkeypatch):
+    """``--tests gpu``: the test section selects the GPU's own tests (-k), spread over xdist
+    workers with a per-test limit where those plugins are installed; the other sections, and
+    ``--tests all``, are unchanged."""
+    assert gpu_report.sections_for("all") == gpu_report.SECTIONS
+    real_find_spec = gpu_report.importlib.util.find_spec
+    for present in (True, False):
+        monkeypatch.setattr(
+            gpu_report.importlib.util, "find_spec",
+            lambda name, present=present: (real_find_spec("json") if present else None)
+            if name in ("xdist", "pytest_timeout") else real_find_spec(name))
+        narrowed = gpu_report.sections_for("gpu")
+        assert narrowed[:-1] == gpu_report.SECTIONS[:-1]
+        extra = narrowed[-1].argv[len(gpu_report.SECTIONS[-1].argv):]
+        assert extra[:2] == gpu_report.GPU_TESTS_ONLY
+        assert (("-n", "8", "--timeout", "120") if present else ()) == extra[2:]
+        assert narrowed[-1].name == "tests" and narrowed[-1].interrupt
+
+
+def test_a_section_keeps_its_whole_output_beside_the_report(tmp_path):
+    long = "\n".join(f"line {i}" for i in range(200))
+    results = gpu_report.run_sections([_section("chatty", f"print({long!r})")], tmp_path,
+                                      total_budget_s=60)
+    assert results[0].status == "ok"
+    kept = (tmp_path / "chatty.log").read_text()
+    assert "line 0" in kept and "line 199" in kept and "line 0" not in results[0].output_tail
