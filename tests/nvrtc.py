@@ -166,9 +166,9 @@ SASS_ARCH = "sm_90"
 
 
 def _tool(name: str, wheel_dirs: tuple[str, ...]) -> str:
-    """``name`` from the NVIDIA wheels of the test extra (``nvidia-cuda-nvcc-cu12`` has ptxas,
-    ``nvidia-cuda-nvdisasm`` nvdisasm), else from PATH; skips where neither has it, fails
-    under CI=true."""
+    """``name`` from NVIDIA's wheels (ptxas from the CUDA extra's ``nvidia-cuda-nvcc*``, of
+    NVRTC's CUDA major; nvdisasm from the test extra's ``nvidia-cuda-nvdisasm``), else from
+    PATH; skips where neither has it, fails under CI=true."""
     import shutil
 
     for base in sys.path:
@@ -177,8 +177,8 @@ def _tool(name: str, wheel_dirs: tuple[str, ...]) -> str:
             if os.access(path, os.X_OK):
                 return path
     found = shutil.which(name)
-    return found if found else _unavailable(f"{name} is not installed (the test extra's NVIDIA "
-                                            "wheels bring it)")
+    return found if found else _unavailable(f"{name} is not installed (the test and CUDA "
+                                            "extras' NVIDIA wheels bring it)")
 
 
 def machine_code(ptx: str, tmp_path: Any) -> str:
