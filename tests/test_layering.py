@@ -16,7 +16,8 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 #: never which one it is, nor pick an evaluator themselves
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
-                   "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py")
+                   "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py",
+                   "sparse.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -138,8 +139,6 @@ WING_IMPORTS_OUTSIDE = {
     ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
     ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
     ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar.sparse", "gpuscalar.devices.cupy.products"),
-    ("gpuscalar.sparse", "gpuscalar.devices.strict.sparse"),
 }
 
 

@@ -255,6 +255,7 @@ class CupyBackend(Backend):
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     executors = {
         "blas": "gpuscalar.devices.cupy.linalg:CupyBlas",
+        "sparse": "gpuscalar.devices.cupy.products:CupySparse",
     }
 
     def __init__(self) -> None:

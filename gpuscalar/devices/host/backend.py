@@ -34,6 +34,7 @@ class NumpyBackend(Backend):
     host_memory = True
     executors = {
         "blas": "gpuscalar.devices.host.blas:HostBlas",
+        "sparse": "gpuscalar.devices.host.sparse:HostSparse",
     }
 
     def owns(self, value: object) -> bool:

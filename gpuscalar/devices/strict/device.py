@@ -714,6 +714,7 @@ class StrictBackend(Backend):
     evaluates_on_host = True
     executors = {
         "blas": "gpuscalar.devices.host.blas:HostBlas",
+        "sparse": "gpuscalar.devices.strict.sparse:StrictSparse",
     }
 
     @property
