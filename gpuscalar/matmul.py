@@ -23,7 +23,7 @@ from .devices import backend_of
 from .lazy.expr import BoundedCache
 from .scalar import GPUScalar
 
-__all__ = ["matmul", "product_shape", "Blas", "Planned", "MATMUL_DTYPES"]
+__all__ = ["matmul", "product_shape", "check_coefficient", "Blas", "Planned", "MATMUL_DTYPES"]
 
 #: the dtypes `matmul` multiplies (cuBLAS's S, D, C and Z routines on CuPy)
 MATMUL_DTYPES = sparse.SPARSE_DTYPES
