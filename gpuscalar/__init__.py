@@ -12,7 +12,7 @@ from .devices import default_backend, get_backend, gpu_available
 from .control import cond, while_loop
 from .deferred import MetricLog, read
 from .devices.cupy.graphs import CapturedStep, capture
-from .devices.cupy.linalg import matmul
+from .matmul import matmul
 from .lazy.expr import cache_size, lazy, set_cache_size
 from .math import (
     abs,

@@ -19,7 +19,6 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from .backend import Backend
 from .devices import backend_of
-from .devices.cupy import linalg
 from .scalar import GPUScalar, _array_of, _wrap
 from .sync import describe
 
@@ -213,18 +212,18 @@ def dot(a: Any, b: Any) -> Any:
 
     Works in `gs.while_loop`/`gs.cond` bodies and `gs.capture` steps on every device, for
     every float and complex dtype: where CuPy's cuBLAS would refuse the recording stream,
-    vectors take gpuscalar's own dot kernel and matrices `gs.matmul`
-    (`gpuscalar.devices.cupy.linalg`).
+    vectors take gpuscalar's own dot kernel and matrices `gs.matmul` (the device's
+    ``"blas"`` executor, `gpuscalar.matmul.Blas`).
     """
     backend, array_a, array_b = _pair(a, b, "dot")
-    return _result(backend, linalg.dot(backend, array_a, array_b))
+    return _result(backend, backend.executor("blas").dot(array_a, array_b))
 
 
 def vdot(a: Any, b: Any) -> GPUScalar:
     """Device ``vdot`` (conjugates ``a``, flattens both): always a GPUScalar. Works in loop,
     branch and capture bodies on every device, as `dot` does."""
     backend, array_a, array_b = _pair(a, b, "vdot")
-    return _result(backend, linalg.vdot(backend, array_a, array_b))
+    return _result(backend, backend.executor("blas").vdot(array_a, array_b))
 
 
 @overload

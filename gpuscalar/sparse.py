@@ -17,63 +17,86 @@ sparse product cannot sit in a `gs.while_loop` body or a `gs.capture` step with 
 Every float and complex dtype (float32/64, complex64/128); the matrix and the vector may
 differ, the result has their promoted dtype (``numpy.result_type``). `as_csr` puts a SciPy
 matrix on the device of an array, for code that runs on every device (tests, solvers).
+
+This module is the device-neutral front (the argument checks); each device's ``"sparse"``
+executor (`SparseProducts`) recognises its own matrices and computes the product.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .backend import Backend, relative_extent
-from .devices import CUPY, NUMPY, STRICT, backend_of
-from .devices.cupy import products
-from .devices.strict import sparse as strict_sparse
+from .backend import Backend
+from .devices import BACKENDS, backend_of
 
-__all__ = ["spmv", "as_csr", "is_sparse", "sparse_format", "SPARSE_DTYPES"]
+__all__ = ["spmv", "as_csr", "is_sparse", "sparse_format", "SPARSE_DTYPES", "SparseProducts"]
 
-#: the dtypes of matrices and vectors `spmv` multiplies
-SPARSE_DTYPES = products.PRODUCT_DTYPES
+#: the dtypes of matrices and vectors `spmv` multiplies (and `gs.matmul`)
+SPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64),
+                 np.dtype(np.complex128))
 
 _DTYPE_NAMES = "float32, float64, complex64 or complex128"
+
+
+class SparseProducts(Protocol):
+    """A device's sparse matrices and their products: ``backend.executor("sparse")``. The
+    front (`spmv`, `as_csr`) checks the arguments; the device recognises its own matrices,
+    checks what only it knows, and multiplies."""
+
+    def format_of(self, value: Any) -> str | None:
+        """The format (``"csr"``, ``"csc"`` ...) of ``value`` if it is one of this device's
+        sparse matrices, else None (no import, no device work)."""
+        ...
+
+    def overlaps(self, out: Any, x: Any) -> bool:
+        """Whether writing ``out`` could change ``x`` while the product reads it."""
+        ...
+
+    def spmv(self, matrix: Any, x: Any, out: Any, rows: int, dtype: np.dtype,
+             device: object) -> Any:
+        """``matrix @ x`` (a checked CSR matrix and vector of this device) into ``out`` or a
+        new vector of ``rows`` elements of ``dtype`` on ``device``: one device op."""
+        ...
+
+    def as_csr(self, host: Any, like: Any) -> Any:
+        """SciPy's CSR matrix ``host`` as this device's CSR matrix on the device of ``like``."""
+        ...
+
+
+def _sparse_of(value: Any) -> tuple[Backend, str] | None:
+    """The device whose sparse matrix ``value`` is, and its format; None for anything else."""
+    for backend in BACKENDS:
+        if "sparse" in backend.executors:
+            found = backend.executor("sparse").format_of(value)
+            if found is not None:
+                return backend, found
+    return None
 
 
 def sparse_format(value: Any) -> str | None:
     """The format (``"csr"``, ``"csc"``, ``"coo"`` ...) of a SciPy, cupyx or strict sparse
     matrix; None for anything else (no import, no device work)."""
-    kind = type(value)
-    if kind is strict_sparse.csr_matrix:
-        return "csr"
-    module = kind.__module__ or ""
-    if module.startswith(("scipy.sparse", "cupyx.scipy.sparse")):
-        found = getattr(value, "format", None)
-        return found if isinstance(found, str) else None
-    return None
+    found = _sparse_of(value)
+    return None if found is None else found[1]
 
 
 def is_sparse(value: Any) -> bool:
     """Whether ``value`` is a SciPy, cupyx or strict sparse matrix (of any format)."""
-    return sparse_format(value) is not None
-
-
-def _matrix_backend(matrix: Any) -> Backend:
-    kind = type(matrix)
-    if kind is strict_sparse.csr_matrix:
-        return STRICT
-    if (kind.__module__ or "").startswith("cupyx"):
-        return CUPY
-    return NUMPY
+    return _sparse_of(value) is not None
 
 
 def _check_matrix(matrix: Any) -> Backend:
-    found = sparse_format(matrix)
-    if found is None:
+    sparse = _sparse_of(matrix)
+    if sparse is None:
         backend = backend_of(matrix)
         hint = (" (a dense array: use gs.matmul)" if backend is not None else "")
         raise TypeError(f"gs.spmv: A must be a CSR sparse matrix (scipy.sparse, "
                         f"cupyx.scipy.sparse or gpuscalar.devices.strict.sparse), got "
                         f"{type(matrix).__name__}{hint}")
+    backend, found = sparse
     if found != "csr":
         raise TypeError(f"gs.spmv: A is a {found.upper()} matrix; gs.spmv multiplies CSR "
                         "matrices: convert it once, before the loop, with A.tocsr()")
@@ -82,21 +105,7 @@ def _check_matrix(matrix: Any) -> Backend:
         raise TypeError(f"gs.spmv: A has dtype {dtype}; it must be {_DTYPE_NAMES}")
     if len(matrix.shape) != 2:
         raise ValueError(f"gs.spmv: A must be 2-D, got shape {matrix.shape}")
-    return _matrix_backend(matrix)
-
-
-def _extent(array: Any) -> tuple[int, int]:
-    """The byte range a CuPy array's elements occupy."""
-    if array.size == 0:
-        return (0, 0)
-    start, end = relative_extent(array)
-    pointer = int(array.data.ptr)
-    return pointer + start, pointer + end
-
-
-def _overlaps(x: Any, y: Any) -> bool:
-    (x0, x1), (y0, y1) = _extent(x), _extent(y)
-    return x0 < x1 and y0 < y1 and x0 < y1 and y0 < x1
+    return backend
 
 
 def spmv(A: Any, x: Any, out: Any = None) -> Any:  # noqa: N803 - the matrix is A
@@ -137,31 +146,10 @@ def spmv(A: Any, x: Any, out: Any = None) -> Any:  # noqa: N803 - the matrix is 
         if backend.multi_device and backend.device_of(out) != device:
             raise ValueError(f"gs.spmv: out is on device {backend.device_of(out)!r} but x on "
                              f"{device!r}")
-        if backend.data_address(out) == backend.data_address(x) or (
-                backend is CUPY and _overlaps(out, x)):
+        if backend.executor("sparse").overlaps(out, x):
             raise ValueError("gs.spmv: out overlaps x (the kernel would read x while writing "
                              "out); pass a separate out")
-    if backend is NUMPY or backend is STRICT:
-        return backend.call(_on_host, backend, A, x, out)
-    if backend is not CUPY:
-        raise TypeError(f"gs.spmv does not support the {backend.name} backend")
-    if A.indices.dtype != A.indptr.dtype or A.indices.dtype not in products.INDEX_C_NAMES:
-        raise TypeError(f"gs.spmv: A's indices are {A.indices.dtype} and its indptr "
-                        f"{A.indptr.dtype}; the kernel reads int32 or int64, both alike")
-    with backend.device_context(device):
-        if out is None:
-            out = backend.xp.empty((rows,), dtype=dtype)
-        products.csr_matvec(A.indptr, A.indices, A.data, x, out)
-    return out
-
-
-def _on_host(backend: Backend, matrix: Any, x: Any, out: Any) -> Any:
-    host = matrix.host_matrix() if backend is STRICT else matrix
-    product = np.asarray(host @ backend.host_data(x))
-    if out is None:
-        return backend.from_host_data(product, x)
-    backend.host_data(out)[...] = product
-    return out
+    return backend.executor("sparse").spmv(A, x, out, rows, dtype, device)
 
 
 def as_csr(matrix: Any, like: Any) -> Any:
@@ -174,18 +162,8 @@ def as_csr(matrix: Any, like: Any) -> Any:
     if backend is None:
         raise TypeError(f"gs.as_csr: like must be a NumPy, strict or CuPy array, got "
                         f"{type(like).__name__}")
-    if backend_of(matrix) is not None and backend_of(matrix) is not NUMPY:
+    found = backend_of(matrix)
+    if found is not None and not found.host_memory:
         raise TypeError("gs.as_csr: matrix must be on the host (a SciPy sparse matrix or a "
                         "NumPy array)")
-    host = scipy_sparse.csr_matrix(matrix)
-    if backend is NUMPY:
-        return host
-    if backend is STRICT:
-        with STRICT.device_context(backend.device_of(like)):
-            return strict_sparse.csr_matrix(host)
-    cupyx_sparse = importlib.import_module("cupyx.scipy.sparse")  # only for CuPy arrays
-    xp = backend.xp
-    with backend.device_context(backend.device_of(like)):
-        parts = [backend.call(xp.asarray, part) for part in (host.data, host.indices,
-                                                              host.indptr)]
-        return cupyx_sparse.csr_matrix(tuple(parts), shape=host.shape)
+    return backend.executor("sparse").as_csr(scipy_sparse.csr_matrix(matrix), like)

@@ -16,7 +16,8 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 #: never which one it is, nor pick an evaluator themselves
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
-                   "optim/base.py", "optim/clip.py")
+                   "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py",
+                   "sparse.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -134,15 +135,10 @@ WING_IMPORTS_OUTSIDE = {
     # to move in phase 2: device-neutral fronts (gs.capture, gs.matmul, gs.MetricLog, loops,
     # spmv) still in the CuPy wing, or a feature front that picks a wing's code itself
     ("gpuscalar", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar", "gpuscalar.devices.cupy.linalg"),
     ("gpuscalar.bodies", "gpuscalar.devices.cupy.graphs"),
     ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
     ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
     ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar.linalg._system", "gpuscalar.devices.cupy.linalg"),
-    ("gpuscalar.reduce", "gpuscalar.devices.cupy.linalg"),
-    ("gpuscalar.sparse", "gpuscalar.devices.cupy.products"),
-    ("gpuscalar.sparse", "gpuscalar.devices.strict.sparse"),
 }
 
 

@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 import gpuscalar as gs
 from gpuscalar import strict, sync
 from gpuscalar.devices.cupy import cublas, graphs, linalg
+from gpuscalar.matmul import _PLANS
 
 from .helpers import host
 
@@ -549,8 +550,8 @@ def test_a_repeated_product_takes_its_plan_and_makes_the_same_cublas_call(
     cupy_or_fail()
     rng = np.random.default_rng(11)
     runs = []
-    run = linalg._run
-    monkeypatch.setattr(linalg, "_run", lambda *args: runs.append(1) or run(*args))
+    run = linalg._Plan.run
+    monkeypatch.setattr(linalg._Plan, "run", lambda *args: runs.append(1) or run(*args))
     with fake_memory() as memory, recording(memory) as seam:
         a = seam.array(_random(rng, a_shape, dtype))
         b = seam.array(_random(rng, b_shape, dtype))
@@ -610,7 +611,7 @@ def test_a_planned_product_still_checks_what_depends_on_values():
 def test_plans_are_kept_in_a_bounded_thread_safe_table():
     from gpuscalar.lazy.expr import BoundedCache  # noqa: PLC0415
 
-    assert isinstance(linalg._PLANS, BoundedCache)
+    assert isinstance(_PLANS, BoundedCache)
 
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((4, 3), (3, 2)), ((4, 3), (3,)),
@@ -634,7 +635,7 @@ def test_a_planned_product_with_alpha_and_beta_makes_the_calls_an_unplanned_one_
             seen = []
             for unplanned in (True, False, False):
                 if unplanned:
-                    linalg._PLANS.clear()
+                    _PLANS.clear()
                 seam.clear()
                 with gs.count_syncs() as counter:
                     gs.matmul(a, b, out=out, alpha=alpha, beta=beta)

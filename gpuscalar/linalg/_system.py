@@ -18,9 +18,9 @@ import numpy as np
 
 from ..backend import Backend
 from ..control import while_loop
-from ..devices import NUMPY, backend_of
-from ..devices.cupy.linalg import matmul
+from ..devices import backend_of
 from ..math import maximum, where
+from ..matmul import matmul
 from ..reduce import dot, norm, vdot
 from ..scalar import GPUScalar, _wrap
 from ..sparse import is_sparse, sparse_format, spmv
@@ -175,7 +175,7 @@ class System:
                              f"has shape {self.A.shape}")
         for op, name in ((A, "A"), (M, "M")):
             if _is_sparse(op) and type(op).__module__.startswith("scipy") and (
-                    backend is not NUMPY):
+                    not backend.host_memory):
                 raise TypeError(
                     f"gpuscalar.linalg.{solver}: {name} is a scipy.sparse matrix, which "
                     f"multiplies NumPy arrays, but b is a {backend.name} array; put it on b's "

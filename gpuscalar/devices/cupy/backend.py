@@ -253,6 +253,10 @@ class CupyBackend(Backend):
     multi_device = True
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
+    executors = {
+        "blas": "gpuscalar.devices.cupy.linalg:CupyBlas",
+        "sparse": "gpuscalar.devices.cupy.products:CupySparse",
+    }
 
     def __init__(self) -> None:
         self.seam: CudaSeam = CudaSeam()

@@ -1,12 +1,12 @@
-"""`gs.matmul`: a matrix product that works inside a CUDA graph capture, alpha/beta on the device.
+"""gs.matmul's products on CuPy: cuBLAS called as a CUDA graph capture requires (the ``"blas"``
+executor, `CupyBlas`), and `gs.dot`/`gs.vdot` while a graph is recorded.
 
-Why this module exists: a training step's matrix products are what stop it from being captured
-in a CUDA graph with CuPy (its cuBLAS calls refuse stream capture; see `gpuscalar.cublas`).
-``gs.matmul(a, b, out=..., alpha=..., beta=...)`` computes ``alpha * (a @ b) + beta * out`` with
-cuBLAS called as capture requires (a handle of its own per device and stream, bound to that
-stream once, with a fixed workspace; alpha and beta read from device memory), so it can be
-recorded and replayed, and alpha/beta may be GPUScalars (or pending expressions) without a sync.
-On NumPy and the strict device it is ``np.matmul`` (one counted device op).
+Why this module exists: CuPy's own cuBLAS calls refuse stream capture (see
+`gpuscalar.devices.cupy.cublas`), so `gpuscalar.matmul`'s front (argument checks, promotion,
+shapes, the table of planned products) hands a CuPy product to this executor, which calls cuBLAS
+on a handle of its own per device and stream, bound to that stream once, with a fixed workspace,
+alpha and beta read from device memory: a product can be recorded and replayed, and alpha/beta
+may be GPUScalars without a sync.
 
 Layouts: cuBLAS is column-major; a row-major ``C = A @ B`` is computed as ``Cᵀ = Bᵀ Aᵀ`` on the
 same buffers. An operand may be C-contiguous or a transposed (F-contiguous) view, and its rows may
@@ -23,23 +23,21 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from ... import ledger, sparse, sync
+from ... import ledger, sync
 from ...backend import Backend, relative_extent
 from ...lazy.expr import BoundedCache
+from ...matmul import MATMUL_DTYPES, check_coefficient, matmul, product_shape
 from ...scalar import GPUScalar, _array_of, asscalar
-from .. import backend_of
 from . import cublas, products
 from .backend import CUPY
 
-__all__ = ["matmul", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare", "release_stream",
-           "close_handles", "dot", "vdot"]
+__all__ = ["CupyBlas", "BlasCall", "plan", "MATMUL_DTYPES", "INT_MAX", "prepare",
+           "release_stream", "close_handles", "handles_made"]
 
-#: dtypes cuBLAS multiplies here (the S, D, C and Z routines)
-MATMUL_DTYPES = products.PRODUCT_DTYPES
 #: the cuBLAS routine letter of each dtype
 _LETTERS = {np.dtype(np.float32): "S", np.dtype(np.float64): "D", np.dtype(np.complex64): "C",
             np.dtype(np.complex128): "Z"}
@@ -150,24 +148,12 @@ def _meaning(call: BlasCall, field: str) -> str:
 
 def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
           b_strides: tuple[int, ...], itemsize: int) -> tuple[BlasCall, tuple[int, ...]]:
-    if len(a_shape) == 0 or len(b_shape) == 0:
-        raise ValueError("gs.matmul operands must be at least 1-D (use * for a scalar)")
-    if max(len(a_shape), len(b_shape)) > 3:
-        raise ValueError(f"gs.matmul takes 1-D, 2-D and 3-D operands, got shapes {a_shape} "
-                         f"and {b_shape}")
-    inner_a = a_shape[-1]
-    inner_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
-    if inner_a != inner_b:
-        raise ValueError(f"gs.matmul: shapes {a_shape} and {b_shape} do not align "
-                         f"({inner_a} != {inner_b})")
-    k = inner_a
+    product_shape(a_shape, b_shape)  # the shape rules every device shares
+    k = a_shape[-1]
     for shape, strides, what in ((a_shape, a_strides, "a"), (b_shape, b_strides, "b")):
         if len(shape) == 1 and strides[0] <= 0 and shape[0] > 1:
             raise ValueError(f"gs.matmul: {what} has stride {strides[0]}; reversed or "
                              "broadcast vectors need a contiguous copy")
-    if (len(a_shape) == 1 or len(b_shape) == 1) and max(len(a_shape), len(b_shape)) == 3:
-        raise ValueError(f"gs.matmul: a 1-D operand with a batch ({a_shape} @ {b_shape}) is not "
-                         "supported; reshape the vector to a matrix")
     if len(a_shape) == 1 and len(b_shape) == 1:  # a dot product
         step_a, incx = _step(a_shape, a_strides, itemsize), _step(b_shape, b_strides, itemsize)
         if step_a == 1:  # (k x 1)ᵀ b: gemv's transposed form sums one column in parallel
@@ -189,8 +175,6 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[i
                          incx=_step(a_shape, a_strides, itemsize), incy=1), (b_shape[1],))
     batch_a = a_shape[0] if len(a_shape) == 3 else 1
     batch_b = b_shape[0] if len(b_shape) == 3 else 1
-    if batch_a != batch_b and 1 not in (batch_a, batch_b):
-        raise ValueError(f"gs.matmul: batch sizes of {a_shape} and {b_shape} do not match")
     m, n = a_shape[-2], b_shape[-1]
     # Cᵀ (n x m, column-major) = Bᵀ (n x k) Aᵀ (k x m): X is b's buffer, Y is a's
     opx, ldx = _matrix(b_shape[-2:], b_strides[-2:], itemsize, "b")
@@ -214,90 +198,9 @@ def _plan(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[i
                      stridec=m * n, batch=batch), (batch, m, n))
 
 
-# ---- the public function ----------------------------------------------------------------------
-
-
-def matmul(a: Any, b: Any, *, out: Any = None, alpha: Any = None, beta: Any = None) -> Any:
-    """``alpha * (a @ b) + beta * out`` (``a @ b`` by default), without a sync.
-
-    float32/float64/complex64/complex128 arrays of one backend and device, 1-D to 3-D (NumPy's
-    matmul rules; a 2-D operand broadcasts over a batch); operands of different dtypes promote
-    as ``xp.matmul`` does (float32 @ float64 is float64; on CuPy the operand of the other dtype
-    is first converted, one more launch). ``out``: a C-contiguous array of the result's shape
-    and dtype, written in place and returned. ``alpha``/``beta``: Python numbers or GPUScalars
-    (read on the device; complex only for a complex product; ``beta`` needs ``out``). On CuPy
-    this is one cuBLAS call on gpuscalar's own handle, which also works in `gs.capture` steps
-    and `gs.while_loop`/`gs.cond` bodies; on NumPy and the strict device, ``np.matmul`` (one
-    device op). ``a`` may be a CSR sparse matrix and ``b`` a vector: that is `gs.spmv`.
-    """
-    try:  # the hot path: a product seen before, one lookup
-        if out is None:
-            key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape,
-                                    b.strides, b.dtype)
-        else:
-            key = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype,
-                   type(out), out.shape, out.strides, out.dtype)
-        found = _PLANS.hit(key)
-    except (AttributeError, TypeError):  # not arrays: `_matmul` says what is wrong
-        pass
-    else:
-        if found is not None and (beta is None or out is not None):
-            return _run(found, a, b, out, alpha, beta)
-    return _matmul(a, b, out, alpha, beta)
-
-
-def _matmul(a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
-    """`matmul` checking everything (a product not planned yet, or with alpha/beta); a CuPy
-    product of one dtype with default alpha/beta leaves its plan for the next call."""
-    if sparse.is_sparse(a):
-        if alpha is not None or beta is not None:
-            raise TypeError("gs.matmul: alpha and beta are not supported with a sparse matrix; "
-                            "scale the vector or the result instead")
-        return sparse.spmv(a, b, out=out)
-    backend = _check_operands(a, b)
-    dtype = np.result_type(a.dtype, b.dtype)
-    if beta is not None and out is None:
-        raise ValueError("gs.matmul: beta scales out, so it needs out=")
-    # the shapes first, as cuBLAS would see C-contiguous operands (nothing launched yet)
-    call, shape = plan(a.shape, _c_strides(a.shape, dtype.itemsize), b.shape,
-                       _c_strides(b.shape, dtype.itemsize), dtype.itemsize)
-    if not backend.evaluates_on_host:  # the operand of the other dtype converted (a copy)
-        a, b = (operand if operand.dtype == dtype else backend.call(operand.astype, dtype)
-                for operand in (a, b))
-        call, shape = plan(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
-    if out is not None:
-        _check_out(out, backend, a, b, shape, dtype)
-    device = backend.device_of(a)
-    alpha_scalar = _coefficient(alpha, 1.0, "alpha", backend, device, dtype, a)
-    beta_scalar = _coefficient(beta, 0.0, "beta", backend, device, dtype, a)
-    if backend.evaluates_on_host:
-        return backend.call(_matmul_on_host, backend, a, b, out, alpha_scalar, beta_scalar)
-    if backend is not CUPY:
-        raise TypeError(f"gs.matmul does not support the {backend.name} backend")
-    if call.k == 0 or 0 in shape:  # cuBLAS may return early without writing the output
-        return _empty_sum(backend, device, shape, dtype, out, None if beta is None else
-                          beta_scalar)
-    if a.dtype == b.dtype:  # (no operand converted)
-        key: tuple[Any, ...] = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape,
-                                b.strides, b.dtype)
-        if out is not None:
-            key += (type(out), out.shape, out.strides, out.dtype)
-        _PLANS.get(key, _Plan, call, shape, dtype, a, b)
-    if out is None:
-        with backend.device_context(device):
-            out = backend.xp.empty(shape, dtype=dtype)
-    _launch(backend, call, a, b, out, alpha_scalar, beta_scalar)
-    return out
-
-
-#: (type, shape, strides and dtype of a, of b, and of out where given) -> the `_Plan` of a CuPy
-#: product of one dtype, decided and checked once by `_matmul`
-_PLANS = BoundedCache()
-
-
 class _Plan:
-    """What `_matmul` decided for one kind of CuPy product (`_run` makes it again): the
-    routine, its arguments but the handle, alpha, beta and pointers, and the byte ranges of a
+    """What `CupyBlas.matmul` decided for one kind of CuPy product (`run` makes it again):
+    the routine, its arguments but the handle, alpha, beta and pointers, and the byte ranges of a
     and b relative to their data pointers (out's overlap is checked per call)."""
 
     __slots__ = ("shape", "dtype", "routine", "x_is_b", "head", "mid", "tail", "a_range",
@@ -326,56 +229,57 @@ class _Plan:
             self.last = (call.incy,)
         self.a_range, self.b_range = relative_extent(a), relative_extent(b)
 
-
-def _run(plan: _Plan, a: Any, b: Any, out: Any, alpha: Any = None, beta: Any = None,
-         entered: bool = False) -> Any:
-    """A planned CuPy product: the per-call checks (devices, out's overlap, alpha and beta),
-    then the cuBLAS call, as `_matmul` would make it. On the operands' device: when it is not
-    current, `_run` runs again inside its context (``entered``)."""
-    a_data, b_data = a.data, b.data
-    device = a_data.device_id
-    if b_data.device_id != device:
-        raise ValueError(f"gs.matmul: a is on device {device!r} but b on "
-                         f"{b_data.device_id!r}")
-    seam = CUPY.seam
-    if not entered and not seam.is_current_device(device):
-        with seam.device_context(device):
-            return _run(plan, a, b, out, alpha, beta, True)
-    a_ptr, b_ptr = a_data.ptr, b_data.ptr
-    if out is not None:
-        out_data = out.data
-        if out_data.device_id != device:
-            raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
-                             f"{device!r}")
-        out_ptr = out_data.ptr
-        size = out.nbytes
-        for ptr, (lo, hi), what in ((a_ptr, plan.a_range, "a"), (b_ptr, plan.b_range, "b")):
-            if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
-                raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
-                                 "read it while writing it); pass a separate out")
-    scale: tuple[Any, ...] | None
-    if alpha is None and beta is None:
-        scale = _DEFAULTS.get((device, plan.dtype))
-        if scale is None:
-            scale = _defaults(device, plan.dtype)
-    else:  # as `_matmul` reads them (a fill kernel for a number but 1 or 0; a cast, ...)
-        scale = (_coefficient(alpha, 1.0, "alpha", CUPY, device, plan.dtype, a).data.ptr,
-                 _coefficient(beta, 0.0, "beta", CUPY, device, plan.dtype, a).data.ptr)
-    if out is None:
-        out = CUPY.xp.ndarray(plan.shape, plan.dtype)  # (xp.empty's C-ordered array)
-        out_ptr = out.data.ptr
-    stream = seam.current_stream()
-    handle = _HANDLES.get((device, stream.ptr))
-    if handle is None:
-        handle = _new_handle(CUPY, (device, stream.ptr), stream)
-    if not handle.recorded and stream.is_capturing():
-        handle.recorded = True  # a graph now reads its workspace: see _stream_gone
-    x_ptr, y_ptr = (b_ptr, a_ptr) if plan.x_is_b else (a_ptr, b_ptr)
-    sync.note_device_op()  # one cuBLAS launch
-    with handle.lock:
-        seam.blas(plan.routine, handle.value, *plan.head, scale[0], x_ptr, *plan.mid, y_ptr,
-                  *plan.tail, scale[1], out_ptr, *plan.last)
-    return out
+    def run(self, a: Any, b: Any, out: Any, alpha: Any = None, beta: Any = None,
+            entered: bool = False) -> Any:
+        """The planned product again: the per-call checks (devices, out's overlap, alpha and
+        beta), then the cuBLAS call, as `CupyBlas.matmul` would make it. On the operands' device:
+        when it is not current, `run` runs again inside its context (``entered``)."""
+        a_data, b_data = a.data, b.data
+        device = a_data.device_id
+        if b_data.device_id != device:
+            raise ValueError(f"gs.matmul: a is on device {device!r} but b on "
+                             f"{b_data.device_id!r}")
+        seam = CUPY.seam
+        if not entered and not seam.is_current_device(device):
+            with seam.device_context(device):
+                return self.run(a, b, out, alpha, beta, True)
+        a_ptr, b_ptr = a_data.ptr, b_data.ptr
+        if out is not None:
+            out_data = out.data
+            if out_data.device_id != device:
+                raise ValueError(f"gs.matmul: out is on device {out_data.device_id!r} but a on "
+                                 f"{device!r}")
+            out_ptr = out_data.ptr
+            size = out.nbytes
+            for ptr, (lo, hi), what in ((a_ptr, self.a_range, "a"), (b_ptr, self.b_range, "b")):
+                if out_ptr < ptr + hi and ptr + lo < out_ptr + size:
+                    raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would "
+                                     "read it while writing it); pass a separate out")
+        scale: tuple[Any, ...] | None
+        if alpha is None and beta is None:
+            scale = _DEFAULTS.get((device, self.dtype))
+            if scale is None:
+                scale = _defaults(device, self.dtype)
+        else:  # as `_matmul` reads them (a fill kernel for a number but 1 or 0; a cast, ...)
+            scale = (_coefficient(check_coefficient(alpha, 1.0, "alpha", CUPY, device, self.dtype),
+                                  device, self.dtype, a).data.ptr,
+                     _coefficient(check_coefficient(beta, 0.0, "beta", CUPY, device, self.dtype),
+                                  device, self.dtype, a).data.ptr)
+        if out is None:
+            out = CUPY.xp.ndarray(self.shape, self.dtype)  # (xp.empty's C-ordered array)
+            out_ptr = out.data.ptr
+        stream = seam.current_stream()
+        handle = _HANDLES.get((device, stream.ptr))
+        if handle is None:
+            handle = _new_handle(CUPY, (device, stream.ptr), stream)
+        if not handle.recorded and stream.is_capturing():
+            handle.recorded = True  # a graph now reads its workspace: see _stream_gone
+        x_ptr, y_ptr = (b_ptr, a_ptr) if self.x_is_b else (a_ptr, b_ptr)
+        sync.note_device_op()  # one cuBLAS launch
+        with handle.lock:
+            seam.blas(self.routine, handle.value, *self.head, scale[0], x_ptr, *self.mid, y_ptr,
+                      *self.tail, scale[1], out_ptr, *self.last)
+        return out
 
 
 #: (device, dtype) -> the data pointers of the constants 1 and 0 (`_device_constant`), and the
@@ -414,91 +318,14 @@ def _empty_sum(backend: Backend, device: object, shape: tuple[int, ...], dtype: 
     return out
 
 
-def _operand_backend(value: Any, what: str) -> Backend:
-    """The backend of matmul operand ``what``, which must be a float or complex array."""
-    found = backend_of(value)
-    if found is None:
-        hint = (f" ({value.format.upper()} sparse: convert it with .tocsr(); only a CSR matrix "
-                "may be a)" if sparse.sparse_format(value) is not None else "")
-        raise TypeError(f"gs.matmul: {what} must be a NumPy, strict or CuPy array, got "
-                        f"{type(value).__name__}{hint}")
-    if value.dtype not in MATMUL_DTYPES:
-        raise TypeError(f"gs.matmul: {what} must be float32, float64, complex64 or complex128, "
-                        f"got {value.dtype}")
-    return found
-
-
-def _check_operands(a: Any, b: Any) -> Backend:
-    backend, found = _operand_backend(a, "a"), _operand_backend(b, "b")
-    if found is not backend:
-        raise TypeError(f"gs.matmul: a is a {backend.name} array but b is {found.name}")
-    if backend.multi_device and backend.device_of(a) != backend.device_of(b):
-        raise ValueError(f"gs.matmul: a is on device {backend.device_of(a)!r} but b on "
-                         f"{backend.device_of(b)!r}")
-    return backend
-
-
-def _check_out(out: Any, backend: Backend, a: Any, b: Any, shape: tuple[int, ...],
-               dtype: np.dtype) -> None:
-    if backend_of(out) is not backend:
-        raise TypeError(f"gs.matmul: out must be a {backend.name} array, got "
-                        f"{type(out).__name__}")
-    if tuple(out.shape) != shape or out.dtype != dtype:
-        raise ValueError(f"gs.matmul: out has shape {tuple(out.shape)} and dtype {out.dtype}; "
-                         f"the product has shape {shape} and dtype {dtype}")
-    if not out.flags.c_contiguous:
-        raise ValueError("gs.matmul: out must be C-contiguous")
-    if backend.multi_device and backend.device_of(out) != backend.device_of(a):
-        raise ValueError(f"gs.matmul: out is on device {backend.device_of(out)!r} but a on "
-                         f"{backend.device_of(a)!r}")
-    for operand, what in ((a, "a"), (b, "b")):
-        if _overlaps(backend, out, operand):
-            raise ValueError(f"gs.matmul: out overlaps {what} in memory (cuBLAS would read it "
-                             "while writing it); pass a separate out")
-
-
-def _extent(backend: Backend, array: Any) -> tuple[int, int]:
-    """The byte range an array's elements occupy (empty for an empty array)."""
-    if array.size == 0:
-        return (0, 0)
-    address, (start, end) = backend.data_address(array), relative_extent(array)
-    return address + start, address + end
-
-
-def _overlaps(backend: Backend, x: Any, y: Any) -> bool:
-    (x0, x1), (y0, y1) = _extent(backend, x), _extent(backend, y)
-    return x0 < x1 and y0 < y1 and x0 < y1 and y0 < x1
-
-
-def _coefficient(value: Any, default: float, what: str, backend: Backend, device: object,
-                 dtype: np.dtype, like: Any) -> Any:
-    """alpha or beta as what the backend reads: a number on the host, a 0-d device array of
-    the product's dtype on CuPy (cuBLAS reads it through a device pointer)."""
-    if value is None:
-        value = default
+def _coefficient(value: Any, device: object, dtype: np.dtype, like: Any) -> Any:
+    """alpha or beta (checked by `check_coefficient`) as cuBLAS reads it: a 0-d device array of
+    the product's dtype (read through a device pointer)."""
     if isinstance(value, GPUScalar):
-        if value.backend is not backend:
-            raise TypeError(f"gs.matmul: {what} is a {value.backend.name} GPUScalar but the "
-                            f"arrays are {backend.name}")
-        if backend.multi_device and value.device != device:
-            raise ValueError(f"gs.matmul: {what} is on device {value.device!r} but the arrays "
-                             f"on {device!r}")
-        if value.dtype.kind not in ("biufc" if dtype.kind == "c" else "biuf"):
-            raise TypeError(f"gs.matmul: {what} must be real for a {dtype} product, got a "
-                            f"GPUScalar of {value.dtype}")
-        return _array_of(asscalar(value, dtype=dtype)) if backend is CUPY else value
-    numbers: tuple[type, ...] = (int, float, np.integer, np.floating)
-    if dtype.kind == "c":
-        numbers += (complex, np.complexfloating)
-    if isinstance(value, bool) or not isinstance(value, numbers):
-        kind = "number" if dtype.kind == "c" else "real number"
-        raise TypeError(f"gs.matmul: {what} must be a {kind} or GPUScalar for a {dtype} "
-                        f"product, got {type(value).__name__}")
-    if backend is not CUPY:
-        return value
-    number = complex(cast(Any, value))
+        return _array_of(asscalar(value, dtype=dtype))
+    number = complex(value)
     if number.imag == 0 and number.real in _KEPT_VALUES:
-        return _device_constant(backend, device, dtype, number.real)
+        return _device_constant(CUPY, device, dtype, number.real)
     # Any other number: written on the current stream by a fill kernel that takes it as an
     # argument (one counted launch; no stream of its own, no wait, nothing kept per value, and
     # inside a capture the number is baked into the graph like every kernel argument).
@@ -538,25 +365,7 @@ def _device_constant(backend: Backend, device: object, dtype: np.dtype, value: f
     return found
 
 
-def _matmul_on_host(backend: Backend, a: Any, b: Any, out: Any, alpha: Any, beta: Any) -> Any:
-    data = backend.host_data
-    product = np.matmul(data(a), data(b))
-    alpha_value = data(_array_of(alpha)) if isinstance(alpha, GPUScalar) else alpha
-    beta_value = data(_array_of(beta)) if isinstance(beta, GPUScalar) else beta
-    dtype = product.dtype
-    if not (isinstance(alpha_value, (int, float, complex)) and alpha_value == 1):
-        product = np.multiply(np.asarray(alpha_value).astype(dtype), product)
-    if out is None:
-        return backend.from_host_data(product, a)
-    target = data(out)
-    if isinstance(beta_value, (int, float, complex)) and beta_value == 0:
-        target[...] = product
-    else:
-        target[...] = np.asarray(beta_value).astype(dtype) * target + product
-    return out
-
-
-# ---- dot and vdot (gs.dot, gs.vdot) ------------------------------------------------------------
+# ---- the executor (gs.matmul, gs.dot, gs.vdot) ---------------------------------------------------
 
 
 def _recorded() -> bool:
@@ -565,73 +374,92 @@ def _recorded() -> bool:
     return ledger.in_graph_body() or bool(CUPY.seam.current_stream().is_capturing())
 
 
-def _on_host(backend: Backend, function: Any, a: Any, b: Any) -> Any:
-    """NumPy's ``function`` (``dot``/``vdot``) of two host-evaluated arrays, as the backend's
-    array (0-d for a number)."""
-    return backend.from_host_data(np.asarray(function(backend.host_data(a),
-                                                      backend.host_data(b))), a)
-
-
 def _same_length(a: Any, b: Any, function: str) -> None:
     if a.size != b.size:
         raise ValueError(f"gs.{function}: the vectors have different lengths ({a.size} and "
                          f"{b.size})")
 
 
-def dot(backend: Backend, a: Any, b: Any) -> Any:
-    """``xp.dot(a, b)`` that also works where a graph is recorded (`gs.dot`). On NumPy and
-    the strict device, NumPy's ``dot`` (one device op). On CuPy outside a recording,
-    ``cupy.dot``; while recording, floating and complex products take capture-safe paths: two
-    vectors gpuscalar's dot kernel (`products.dot`), matrices `matmul` (gpuscalar's cuBLAS
-    handle; an N-d operand reshaped to a matrix, copied where it must be), a 0-d operand
-    CuPy's multiply. Mixed dtypes promote as ``xp.dot`` promotes."""
-    if backend.host_memory:  # NumPy
-        return backend.call(backend.xp.dot, a, b)
-    if backend.evaluates_on_host:  # the strict device: its own xp.dot would refuse in a body
-        return backend.call(_on_host, backend, np.dot, a, b)
-    dtype = np.result_type(a.dtype, b.dtype)
-    if backend is not CUPY or dtype not in MATMUL_DTYPES or 0 in (a.ndim, b.ndim) or (
-            not _recorded()):
-        return backend.call(backend.xp.dot, a, b)
-    if a.ndim == 1 and b.ndim == 1:
-        _same_length(a, b, "dot")
-        a, b = (v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype) for v in (a, b))
-        return products.dot(a, b, conj=False)
-    if a.ndim <= 2 and b.ndim <= 2:
-        return matmul(*(v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
-                        for v in (a, b)))
-    inner = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if a.shape[-1] != inner:
-        raise ValueError(f"gs.dot: shapes {a.shape} and {b.shape} are not aligned "
-                         f"({a.shape[-1]} != {inner})")
-    xp = backend.xp
-    rows = backend.call(xp.ascontiguousarray, a, dtype=dtype).reshape(-1, inner)
-    if b.ndim == 1:
-        return matmul(rows, backend.call(xp.ascontiguousarray, b, dtype=dtype)).reshape(
-            a.shape[:-1])
-    moved = xp.moveaxis(b, -2, 0)  # (K, ..., N): a view
-    columns = backend.call(xp.ascontiguousarray, moved, dtype=dtype).reshape(inner, -1)
-    return matmul(rows, columns).reshape(a.shape[:-1] + b.shape[:-2] + b.shape[-1:])
+class CupyBlas:
+    """CuPy's ``"blas"`` executor (`gpuscalar.matmul.Blas`): cuBLAS on gpuscalar's handles."""
 
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
 
-def vdot(backend: Backend, a: Any, b: Any) -> Any:
-    """``xp.vdot(a, b)`` (``a`` conjugated, both flattened) that also works where a graph is
-    recorded (`gs.vdot`): as `dot`, with gpuscalar's dot kernel while recording."""
-    if backend.host_memory:
-        return backend.call(backend.xp.vdot, a, b)
-    if backend.evaluates_on_host:
-        return backend.call(_on_host, backend, np.vdot, a, b)
-    dtype = np.result_type(a.dtype, b.dtype)
-    if backend is not CUPY or dtype not in MATMUL_DTYPES or not _recorded():
-        return backend.call(backend.xp.vdot, a, b)
-    _same_length(a, b, "vdot")
-    flat = []
-    for v in (a, b):
-        if v.dtype not in MATMUL_DTYPES:
-            v = backend.call(v.astype, dtype)
-        flat.append(v.reshape(-1) if v.flags.c_contiguous else backend.call(
-            backend.xp.ravel, v))
-    return products.dot(flat[0], flat[1], conj=True)
+    def operands(self, a: Any, b: Any, dtype: np.dtype) -> tuple[Any, Any, BlasCall]:
+        """The sizes first, as cuBLAS would see C-contiguous operands (nothing launched yet),
+        then the operand of the other dtype converted (a copy), then the layouts."""
+        plan(a.shape, _c_strides(a.shape, dtype.itemsize), b.shape,
+             _c_strides(b.shape, dtype.itemsize), dtype.itemsize)
+        backend = self.backend
+        a, b = (operand if operand.dtype == dtype else backend.call(operand.astype, dtype)
+                for operand in (a, b))
+        return a, b, plan(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)[0]
+
+    def coefficient(self, value: Any, device: object, dtype: np.dtype, like: Any) -> Any:
+        return _coefficient(value, device, dtype, like)
+
+    def matmul(self, call: BlasCall, a: Any, b: Any, out: Any, alpha: Any, beta: Any,
+               reads_out: bool, shape: tuple[int, ...], dtype: np.dtype, plans: BoundedCache,
+               key: tuple[Any, ...] | None) -> Any:
+        backend = self.backend
+        device = backend.device_of(a)
+        if call.k == 0 or 0 in shape:  # cuBLAS may return early without writing the output
+            return _empty_sum(backend, device, shape, dtype, out, beta if reads_out else None)
+        if key is not None:
+            plans.get(key, _Plan, call, shape, dtype, a, b)
+        if out is None:
+            with backend.device_context(device):
+                out = backend.xp.empty(shape, dtype=dtype)
+        _launch(backend, call, a, b, out, alpha, beta)
+        return out
+
+    def dot(self, a: Any, b: Any) -> Any:
+        """``xp.dot(a, b)`` that also works where a graph is recorded (`gs.dot`). Outside a
+        recording ``cupy.dot``; while recording, floating and complex products take
+        capture-safe paths: two vectors gpuscalar's dot kernel (`products.dot`), matrices
+        `matmul` (gpuscalar's cuBLAS handle; an N-d operand reshaped to a matrix, copied where
+        it must be), a 0-d operand CuPy's multiply. Mixed dtypes promote as ``xp.dot`` promotes."""
+        backend = self.backend
+        dtype = np.result_type(a.dtype, b.dtype)
+        if dtype not in MATMUL_DTYPES or 0 in (a.ndim, b.ndim) or not _recorded():
+            return backend.call(backend.xp.dot, a, b)
+        if a.ndim == 1 and b.ndim == 1:
+            _same_length(a, b, "dot")
+            a, b = (v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
+                    for v in (a, b))
+            return products.dot(a, b, conj=False)
+        if a.ndim <= 2 and b.ndim <= 2:
+            return matmul(*(v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
+                            for v in (a, b)))
+        inner = b.shape[0] if b.ndim == 1 else b.shape[-2]
+        if a.shape[-1] != inner:
+            raise ValueError(f"gs.dot: shapes {a.shape} and {b.shape} are not aligned "
+                             f"({a.shape[-1]} != {inner})")
+        xp = backend.xp
+        rows = backend.call(xp.ascontiguousarray, a, dtype=dtype).reshape(-1, inner)
+        if b.ndim == 1:
+            return matmul(rows, backend.call(xp.ascontiguousarray, b, dtype=dtype)).reshape(
+                a.shape[:-1])
+        moved = xp.moveaxis(b, -2, 0)  # (K, ..., N): a view
+        columns = backend.call(xp.ascontiguousarray, moved, dtype=dtype).reshape(inner, -1)
+        return matmul(rows, columns).reshape(a.shape[:-1] + b.shape[:-2] + b.shape[-1:])
+
+    def vdot(self, a: Any, b: Any) -> Any:
+        """``xp.vdot(a, b)`` (``a`` conjugated, both flattened) that also works where a graph is
+        recorded (`gs.vdot`): as `dot`, with gpuscalar's dot kernel while recording."""
+        backend = self.backend
+        dtype = np.result_type(a.dtype, b.dtype)
+        if dtype not in MATMUL_DTYPES or not _recorded():
+            return backend.call(backend.xp.vdot, a, b)
+        _same_length(a, b, "vdot")
+        flat = []
+        for v in (a, b):
+            if v.dtype not in MATMUL_DTYPES:
+                v = backend.call(v.astype, dtype)
+            flat.append(v.reshape(-1) if v.flags.c_contiguous else backend.call(
+                backend.xp.ravel, v))
+        return products.dot(flat[0], flat[1], conj=True)
 
 
 # ---- CuPy: the cuBLAS handles ------------------------------------------------------------------

@@ -17,26 +17,29 @@ a vector of per-block partial sums), so they record like any kernel.
 - ``csr_matvec``: ``y = A @ x`` for a CSR matrix (int32 or int64 ``indptr``/``indices``, as
   ``cupyx.scipy.sparse`` has them), one thread per row (grid-stride), ``x`` and ``y`` strided.
 
-On NumPy and the strict device the same products are computed on the host (NumPy's ``dot``,
-``vdot``, SciPy's CSR product), each one counted device op: see `gpuscalar.reduce` and
-`gpuscalar.sparse`.
+`CupySparse` is CuPy's ``"sparse"`` executor (`gpuscalar.sparse.SparseProducts`): cupyx's CSR
+matrices multiplied by ``csr_matvec``. On NumPy and the strict device the same products are
+computed on the host (NumPy's ``dot``, ``vdot``, SciPy's CSR product), each one counted device
+op: see `gpuscalar.devices.host`.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
 
+from ...backend import Backend, relative_extent
+from ...sparse import SPARSE_DTYPES
 from .backend import CUPY
 
 __all__ = ["PRODUCT_DTYPES", "BLOCK", "PER_THREAD", "MAX_BLOCKS", "C_NAMES", "INDEX_C_NAMES",
            "dot_source", "dot_kernel_names", "csr_source", "csr_kernel_name", "dot",
-           "csr_matvec", "blocks_for"]
+           "csr_matvec", "blocks_for", "CupySparse"]
 
 #: the dtypes gpuscalar's product kernels (and gs.matmul's cuBLAS routines) take
-PRODUCT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64),
-                  np.dtype(np.complex128))
+PRODUCT_DTYPES = SPARSE_DTYPES
 #: each dtype's C type in the kernels (``cfloat``/``cdouble``: CuPy's ``complex<T>``)
 C_NAMES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
            np.dtype(np.complex64): "cfloat", np.dtype(np.complex128): "cdouble"}
@@ -197,3 +200,57 @@ def csr_matvec(indptr: Any, indices: Any, data: Any, x: Any, y: Any) -> None:
     CUPY.launch_kernel(csr_source(data.dtype, x.dtype, index),
                        csr_kernel_name(data.dtype, x.dtype, index), rows,
                        (indptr, indices, data, x, _step(x), np.int64(rows), y, _step(y)))
+
+
+# ---- the "sparse" executor (gs.spmv, gs.as_csr) ---------------------------------------------
+
+
+def _extent(array: Any) -> tuple[int, int]:
+    """The byte range a CuPy array's elements occupy."""
+    if array.size == 0:
+        return (0, 0)
+    start, end = relative_extent(array)
+    pointer = int(array.data.ptr)
+    return pointer + start, pointer + end
+
+
+class CupySparse:
+    """CuPy's ``"sparse"`` executor (`gpuscalar.sparse.SparseProducts`):
+    ``cupyx.scipy.sparse`` matrices, the CSR product by gpuscalar's kernel (`csr_matvec`)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def format_of(self, value: Any) -> str | None:
+        if (type(value).__module__ or "").startswith("cupyx.scipy.sparse"):
+            found = getattr(value, "format", None)
+            return found if isinstance(found, str) else None
+        return None
+
+    def overlaps(self, out: Any, x: Any) -> bool:
+        if self.backend.data_address(out) == self.backend.data_address(x):
+            return True
+        (x0, x1), (y0, y1) = _extent(out), _extent(x)
+        return x0 < x1 and y0 < y1 and x0 < y1 and y0 < x1
+
+    def spmv(self, matrix: Any, x: Any, out: Any, rows: int, dtype: np.dtype,
+             device: object) -> Any:
+        if matrix.indices.dtype != matrix.indptr.dtype or (
+                matrix.indices.dtype not in INDEX_C_NAMES):
+            raise TypeError(f"gs.spmv: A's indices are {matrix.indices.dtype} and its indptr "
+                            f"{matrix.indptr.dtype}; the kernel reads int32 or int64, both alike")
+        backend = self.backend
+        with backend.device_context(device):
+            if out is None:
+                out = backend.xp.empty((rows,), dtype=dtype)
+            csr_matvec(matrix.indptr, matrix.indices, matrix.data, x, out)
+        return out
+
+    def as_csr(self, host: Any, like: Any) -> Any:
+        cupyx_sparse = importlib.import_module("cupyx.scipy.sparse")  # only for CuPy arrays
+        backend = self.backend
+        xp = backend.xp
+        with backend.device_context(backend.device_of(like)):
+            parts = [backend.call(xp.asarray, part) for part in (host.data, host.indices,
+                                                                  host.indptr)]
+            return cupyx_sparse.csr_matrix(tuple(parts), shape=host.shape)

@@ -32,6 +32,10 @@ class NumpyBackend(Backend):
 
     evaluates_on_host = True
     host_memory = True
+    executors = {
+        "blas": "gpuscalar.devices.host.blas:HostBlas",
+        "sparse": "gpuscalar.devices.host.sparse:HostSparse",
+    }
 
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)

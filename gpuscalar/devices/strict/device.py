@@ -712,6 +712,10 @@ class StrictBackend(Backend):
     multi_device = True
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
+    executors = {
+        "blas": "gpuscalar.devices.host.blas:HostBlas",
+        "sparse": "gpuscalar.devices.strict.sparse:StrictSparse",
+    }
 
     @property
     def xp(self) -> Any:

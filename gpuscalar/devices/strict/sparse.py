@@ -10,6 +10,9 @@ device op here; inside a `gs.while_loop`/`gs.cond` body or a `gs.capture` step (
 cuSPARSE refuses the capturing stream) they are refused with CuPy's words and the gpuscalar
 call to use instead, ``gs.spmv(A, x, out=...)``. ``get()`` is a sync (SciPy's matrix back),
 ``toarray()`` a device op. Indices are int32, as in ``cupyx.scipy.sparse``.
+
+`StrictSparse` is the strict device's ``"sparse"`` executor (`gpuscalar.sparse.SparseProducts`):
+the host's (`gpuscalar.devices.host.sparse`) for these matrices.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from ... import sync
+from ..host.sparse import HostSparse
 from . import capture
 from . import device as strict
 
-__all__ = ["csr_matrix"]
+__all__ = ["csr_matrix", "StrictSparse"]
 
 
 def _scipy_sparse() -> Any:
@@ -138,3 +142,17 @@ class csr_matrix:  # noqa: N801 - cupyx.scipy.sparse's name
         """SciPy's CSR matrix, copied to the host (a sync, as ``cupyx``'s ``get``)."""
         strict._declare_sync()
         return self.host_matrix().copy()
+
+
+class StrictSparse(HostSparse):
+    """The strict device's ``"sparse"`` executor: `csr_matrix`, multiplied on the host."""
+
+    def format_of(self, value: Any) -> str | None:
+        return "csr" if type(value) is csr_matrix else None
+
+    def host_matrix(self, matrix: Any) -> Any:
+        return matrix.host_matrix()
+
+    def as_csr(self, host: Any, like: Any) -> Any:
+        with self.backend.device_context(self.backend.device_of(like)):
+            return csr_matrix(host)
