@@ -10,6 +10,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import ledger, optim, strict, sync
+from gpuscalar.capture import _capturing
 from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import graphs, linalg
 
@@ -212,7 +213,7 @@ def test_other_errors_propagate_and_leave_no_guard_behind(xp):
 
     with pytest.raises(KeyError, match="user bug"):
         gs.capture(broken, xp.zeros(1), warmup=1)
-    assert not graphs._capturing.get(False)
+    assert not _capturing.get(False)
     _program_still_usable(xp)
 
 
@@ -541,9 +542,11 @@ def test_a_step_called_while_a_graph_is_recorded_runs_inline_instead_of_launchin
     inner = gs.capture(fn, a, warmup=0, steps=2)
     launches = []
     monkeypatch.setattr(inner, "backend", CUPY)
-    monkeypatch.setattr(inner, "_resources",
-                        types.SimpleNamespace(graph=types.SimpleNamespace(
-                            launch=lambda: launches.append(1))))
+    recorded = object.__new__(graphs._CudaRecording)  # a recorded graph, stood in for
+    recorded.resources = types.SimpleNamespace(graph=types.SimpleNamespace(
+        launch=lambda: launches.append(1)))
+    recorded.result = None
+    monkeypatch.setattr(inner, "_recording", recorded)
     monkeypatch.setattr(CUPY, "device_context", lambda device: contextlib.nullcontext())
     capturing = [False]
     monkeypatch.setattr(graphs, "_stream_capturing", lambda device: capturing[0])
@@ -615,7 +618,8 @@ def test_warm_up_evaluates_a_returned_pending_scalar_so_recording_compiles_nothi
             return gs.sum(x) * 2.0 + 1.0  # pending: a fused kernel evaluates it
 
         captured = gs.capture(step, x, warmup=2)
-        assert isinstance(captured._result, gs.GPUScalar) and captured._result.is_materialized
+        result = captured._recording.result
+        assert isinstance(result, gs.GPUScalar) and result.is_materialized
         assert len(seam.graphs) == 1
     assert builds and builds == [0] * len(builds)  # built while warming up, none while recording
 

@@ -490,7 +490,7 @@ def test_loops_and_branches_in_a_check_run_are_checked_not_run(xp):
 
 @pytest.mark.parametrize("xp", [np, gs.strict.xp], ids=["numpy", "strict"])  # host arrays
 def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(xp):
-    from gpuscalar import bodies  # noqa: PLC0415
+    from gpuscalar.devices.host import control as bodies  # noqa: PLC0415
 
     a, b, c, d, e = (xp.zeros(1) for _ in range(5))
 

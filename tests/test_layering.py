@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 #: never which one it is, nor pick an evaluator themselves
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
-                   "optim/base.py", "optim/clip.py")
+                   "optim/base.py", "optim/clip.py", "control.py", "bodies.py", "capture.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -133,12 +133,8 @@ WING_IMPORTS_OUTSIDE = {
     ("gpuscalar.strict", "gpuscalar.devices.strict.device"),
     # to move in phase 2: device-neutral fronts (gs.capture, gs.matmul, gs.MetricLog, loops,
     # spmv) still in the CuPy wing, or a feature front that picks a wing's code itself
-    ("gpuscalar", "gpuscalar.devices.cupy.graphs"),
     ("gpuscalar", "gpuscalar.devices.cupy.linalg"),
-    ("gpuscalar.bodies", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
     ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
-    ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
     ("gpuscalar.linalg._system", "gpuscalar.devices.cupy.linalg"),
     ("gpuscalar.reduce", "gpuscalar.devices.cupy.linalg"),
     ("gpuscalar.sparse", "gpuscalar.devices.cupy.products"),

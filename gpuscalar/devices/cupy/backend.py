@@ -253,6 +253,9 @@ class CupyBackend(Backend):
     multi_device = True
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
+    #: `Backend.executors`: conditional graph nodes, CUDA graphs
+    executors = {"loops": "gpuscalar.devices.cupy.control:CudaLoops",
+                 "graphs": "gpuscalar.devices.cupy.graphs:CudaGraphs"}
 
     def __init__(self) -> None:
         self.seam: CudaSeam = CudaSeam()

@@ -1,6 +1,10 @@
 """The host device (a wing of `gpuscalar.devices`): NumPy arrays, always there.
 
 Why this subpackage exists: every device is one folder that owns its code, the smallest one
-included. `backend` is its root (`NumpyBackend` and its one instance); NumPy needs nothing
-else of its own, since gpuscalar's host evaluators serve it and the strict device alike.
+included. `backend` is its root (`NumpyBackend` and its one instance); beside it the host
+executors that NumPy and the strict device share, one home that both wings' entries name
+(`Backend.executors`): `control` (the "loops" executor: `gs.while_loop`/`gs.cond` run on the
+host, one device op each, with check runs of the bodies that do not run) and `graphs` (the
+"graphs" executor: a `gs.capture` step re-run under the sync guard, its outputs kept in the same
+buffers). Importing this package imports none of them: the registry imports `backend` only.
 """

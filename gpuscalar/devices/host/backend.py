@@ -32,6 +32,9 @@ class NumpyBackend(Backend):
 
     evaluates_on_host = True
     host_memory = True
+    #: the host executors, one home shared with the strict device (`Backend.executors`)
+    executors = {"loops": "gpuscalar.devices.host.control:HostLoops",
+                 "graphs": "gpuscalar.devices.host.graphs:HostGraphs"}
 
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)

@@ -712,6 +712,9 @@ class StrictBackend(Backend):
     multi_device = True
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
+    #: the host wing's executors (`Backend.executors`): one home for both host devices
+    executors = {"loops": "gpuscalar.devices.host.control:HostLoops",
+                 "graphs": "gpuscalar.devices.host.graphs:HostGraphs"}
 
     @property
     def xp(self) -> Any:
