@@ -670,3 +670,29 @@ def test_on_cupy_a_replay_returns_the_recorded_buffers_rewritten():
         second = step()
         assert second is first and host_view(first).tolist() == [8.0, 8.0]
         step.release()
+
+
+# ---- the "graphs" executor slot (issue 22) -----------------------------------------------------
+
+
+def test_each_device_records_steps_through_its_graphs_executor():
+    """`gs.capture` hands a step to ``backend.executor("graphs")`` (the protocol
+    `gpuscalar.capture.Graphs`): NumPy and the strict device share the host one, which re-runs
+    steps; a step's repr names what its device does."""
+    from gpuscalar.capture import Graphs  # noqa: PLC0415
+    from gpuscalar.devices import NUMPY, STRICT  # noqa: PLC0415
+    from gpuscalar.devices.host.graphs import HostGraphs  # noqa: PLC0415
+
+    on_numpy, on_strict = NUMPY.executor("graphs"), STRICT.executor("graphs")
+    assert type(on_numpy) is type(on_strict) is HostGraphs
+    members = {name for name in (*vars(Graphs), *Graphs.__annotations__)
+               if not name.startswith("_")}
+    assert members == {"form", "default_device", "library_syncs", "record"}
+    step = gs.capture(lambda a: None, strict.xp.zeros(1), warmup=0)
+    assert "strict, re-run" in repr(step)
+
+
+@pytest.mark.needs_cupy  # the CuPy wing's executor module imports CuPy's side of the seam
+def test_cupy_records_steps_through_its_own_graphs_executor():
+    assert type(CUPY.executor("graphs")) is graphs.CudaGraphs
+    assert CUPY.executor("graphs").form == "CUDA graph"
