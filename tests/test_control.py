@@ -490,7 +490,7 @@ def test_loops_and_branches_in_a_check_run_are_checked_not_run(xp):
 
 @pytest.mark.parametrize("xp", [np, gs.strict.xp], ids=["numpy", "strict"])  # host arrays
 def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(xp):
-    from gpuscalar.devices.host import control as bodies  # noqa: PLC0415
+    from gpuscalar.devices.host import control as host_control  # noqa: PLC0415
 
     a, b, c, d, e = (xp.zeros(1) for _ in range(5))
 
@@ -508,16 +508,16 @@ def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(x
         helper(x)
         x += a
 
-    found = bodies.reachable_arrays((body, functools.partial(helper, b), Solver().step))
+    found = host_control.reachable_arrays((body, functools.partial(helper, b), Solver().step))
     ids = {id(array) for _, array in found}
     assert {id(a), id(b), id(c), id(d), id(e)} <= ids
-    assert bodies.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
+    assert host_control.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
 
     def library_body(x):  # a body a library defines (a solver's) is followed
         x += a
 
     library_body.__module__ = "gpuscalar.linalg"
-    assert [array for _, array in bodies.reachable_arrays((library_body,))] == [a]
+    assert [array for _, array in host_control.reachable_arrays((library_body,))] == [a]
 
 
 # ---- errors -------------------------------------------------------------------------------------
