@@ -9,9 +9,9 @@ from . import arrays, operators  # noqa: F401, I001
 from . import ad, distributed, linalg, optim, strict
 from .backend import Backend
 from .devices import default_backend, get_backend, gpu_available
+from .capture import CapturedStep, capture
 from .control import cond, while_loop
 from .deferred import MetricLog, read
-from .devices.cupy.graphs import CapturedStep, capture
 from .matmul import matmul
 from .lazy.expr import cache_size, lazy, set_cache_size
 from .math import (

@@ -1,31 +1,29 @@
-"""The rules of a body recorded once and run many times, and the host executor of device loops.
+"""The rules of a body recorded once and run many times: what every device loop executor keeps.
 
 Why this module exists: `gs.while_loop` and `gs.cond` (`gpuscalar.control`) run their predicate and
-bodies under `gs.capture`'s rules on every backend, and two executors carry them out: the host
-executor here (NumPy, the strict device: the predicate read is the device's decision, not a sync;
-the whole loop is one device op) and the CUDA one (`gpuscalar.devices.cupy.control`, conditional
-graph nodes). Both need the same rules (`body_rules`: no sync, no host-to-device copy, no evaluation
-cached on a scalar), the same predicate checks and the same loop state (`commit`: a body updates the
-state in place and returns None, or returns the new state, which is copied into the state's
-buffers); keeping them below both executors is what lets `control` choose between them without an
-import circle.
+bodies under `gs.capture`'s rules on every backend, and each device's "loops" executor carries
+them out: the host one (`gpuscalar.devices.host.control`, NumPy and the strict device: the
+predicate read is the device's decision, not a sync; the whole loop is one device op) and the
+CUDA one (`gpuscalar.devices.cupy.control`, conditional graph nodes). All need the same rules
+(`body_rules`: no sync, no host-to-device copy, no evaluation cached on a scalar), the same
+predicate checks and the same loop state (`commit`: a body updates the state in place and returns
+None, or returns the new state, which is copied into the state's buffers); keeping them here,
+below the executors, is what lets each wing's executor use them without an import circle.
 
 The CPU checks what the GPU records. A GPU records a loop's body once, and both branches of a
-`cond`, whatever the predicate says; recording executes nothing. So the host executor checks a
-body that does not run (a loop that runs zero times, the branch not taken) by a *check run*
-(`check_run`): the body runs once, then every array it could have written (the state or
-operands, and the arrays its functions reach: `reachable_arrays`) is put back as it was. While
-a check runs (`checking`), a loop or branch nested in it is checked the same way and runs
-nothing more. The check run is part of the loop's one device op: counts do not change, and a
-loop that runs is not run again.
+`cond`, whatever the predicate says; recording executes nothing. So a body that does not run (a
+loop that runs zero times, the branch not taken) is checked all the same, by a *check run*: the
+host executor runs it once and puts back every array it could have written
+(`gpuscalar.devices.host.control.check_run`); the CUDA executor records it into a graph it
+discards. While a check runs (`checking`), a loop or branch nested in it is checked the same way
+and runs nothing more. The check run is part of the loop's one device op: counts do not change,
+and a loop that runs is not run again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,12 +31,12 @@ import numpy as np
 
 from . import ledger
 from .backend import Backend
-from .devices import NUMPY, backend_of
+from .capture import _guarded
+from .devices import backend_of
 from .scalar import GPUScalar, _array_of, _make_array, _wrap
 
-__all__ = ["check_returned_none", "predicate_array", "body_rules", "count_scalar", "host_while",
-           "host_cond", "commit", "checking", "check_run", "reachable_arrays",
-           "refuse_scalar_state"]
+__all__ = ["check_returned_none", "predicate_array", "body_rules", "count_scalar", "commit",
+           "checking", "marked_checking", "refuse_scalar_state"]
 
 _INT64 = np.dtype(np.int64)
 
@@ -57,7 +55,9 @@ def predicate_array(value: Any, backend: Backend, what: str) -> Any:
     """The 0-d bool device array that ``value`` (what ``cond`` returned, or ``pred``) stands
     for, on ``backend``; a pending GPUScalar is evaluated here (under `ledger.loop_body`, not
     cached on it). A Python bool, a non-bool or another backend's value is a `TypeError`."""
-    if isinstance(value, (bool, np.bool_)) and not (backend is NUMPY and type(value) is np.bool_):
+    # (NumPy's 0-d comparisons give NumPy scalars: a device value on the host device)
+    if isinstance(value, (bool, np.bool_)) and not (backend.host_memory
+                                                    and type(value) is np.bool_):
         raise TypeError(
             f"gs.{what}: the predicate is a Python bool ({value}), decided on the host once; "
             "return a device value instead, e.g. gs.GPUScalar(r) > tol or a 0-d bool array"
@@ -66,7 +66,8 @@ def predicate_array(value: Any, backend: Backend, what: str) -> Any:
     if isinstance(value, GPUScalar):
         owner, array = value.backend, None
     elif type(value) is np.bool_:  # NumPy's 0-d comparisons give NumPy scalars
-        owner, array = NUMPY, np.asarray(value)
+        array = np.asarray(value)
+        owner = backend_of(array)
     else:
         owner, array = backend_of(value), value
         if owner is None or getattr(value, "ndim", None) != 0:
@@ -75,6 +76,7 @@ def predicate_array(value: Any, backend: Backend, what: str) -> Any:
                 f"got {_describe(value)}"
             )
     if owner is not backend:
+        assert owner is not None
         raise TypeError(
             f"gs.{what}: the predicate is a {owner.name} value but the state is on {backend.name}"
         )
@@ -135,7 +137,7 @@ def _new_state(result: Any, state: tuple[Any, ...], backend: Backend) -> list[tu
     for index, (new, old) in enumerate(zip(items, state, strict=True)):
         if new is old:
             continue
-        if type(new) is not np.ndarray and isinstance(new, np.generic) and backend is NUMPY:
+        if type(new) is not np.ndarray and isinstance(new, np.generic) and backend.host_memory:
             new = np.asarray(new)  # NumPy's 0-d arithmetic gives NumPy scalars
         owner: Backend | None
         if isinstance(new, GPUScalar):
@@ -206,9 +208,7 @@ def body_rules(backend: Backend) -> Iterator[None]:
     """What ``cond``, ``body`` and the branches run under: `gs.capture`'s guard (every sync
     raises, the array library's own included), no host-to-device copy (`ledger.graph_body`),
     and no evaluation cached on a scalar (`ledger.loop_body`)."""
-    from .devices.cupy import graphs  # noqa: PLC0415 - graphs imports linalg (cuBLAS): only when looping
-
-    with graphs._guarded(backend, recording=False), ledger.graph_body(), ledger.loop_body():
+    with _guarded(backend, recording=False), ledger.graph_body(), ledger.loop_body():
         yield
 
 
@@ -219,185 +219,22 @@ def count_scalar(backend: Backend, device: object, count: int) -> GPUScalar:
 
 # ---- check runs: a body checked as a GPU records it, without its effects ---------------------
 
-#: True while a body runs only to be checked (`check_run`): nested loops and branches are
+#: True while a body runs only to be checked (a check run): nested loops and branches are
 #: checked too and run nothing more
 _checking: ContextVar[bool] = ContextVar("gpuscalar_checking_body", default=False)
 
-#: how deep `reachable_arrays` follows functions, containers and objects, and how many values
-#: it looks at in all (a bound on the cost of a check run's snapshot)
-_REACH_DEPTH = 4
-_REACH_LIMIT = 10_000
-#: modules whose functions are library code: what their globals hold is not the body's
-_LIBRARY_MODULES = ("gpuscalar", "numpy", "cupy", "cupyx", "scipy", "builtins")
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, types.ModuleType, type,
-          types.BuiltinFunctionType, GPUScalar)
-
-
 def checking() -> bool:
-    """Whether the caller runs in a check run (`check_run`): a loop or branch called there is
-    checked, never run."""
+    """Whether the caller runs in a check run (the host executor's `check_run`, or a recording
+    the CUDA executor discards): a loop or branch called there is checked, never run."""
     return _checking.get()
 
 
 @contextlib.contextmanager
 def marked_checking() -> Iterator[None]:
-    """Mark the block as a check run (the CUDA executor records one into a discarded graph)."""
+    """Mark the block as a check run (the host executor runs one and puts back what it wrote;
+    the CUDA executor records one into a discarded graph)."""
     token = _checking.set(True)
     try:
         yield
     finally:
         _checking.reset(token)
-
-
-def _names_used(code: types.CodeType) -> Iterator[str]:
-    """The global (and attribute) names ``code`` and the functions defined in it use."""
-    yield from code.co_names
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _names_used(constant)
-
-
-def _cell_value(cell: Any) -> Any:
-    """What a closure cell holds (None while it is empty: a name not assigned yet)."""
-    try:
-        return cell.cell_contents
-    except ValueError:
-        return None
-
-
-def _attributes(value: Any) -> list[Any]:
-    """What an object's ``__dict__`` and ``__slots__`` hold (nothing where asking fails)."""
-    found: list[Any] = []
-    try:
-        attributes = getattr(value, "__dict__", None)
-        if isinstance(attributes, dict):
-            found.extend(attributes.values())
-        for slot in getattr(type(value), "__slots__", ()):
-            if isinstance(slot, str) and hasattr(value, slot):
-                found.append(getattr(value, slot))
-    except Exception:  # noqa: BLE001 - an object that refuses to be looked at holds nothing here
-        return found
-    return found
-
-
-def reachable_arrays(roots: Iterable[Any]) -> list[tuple[Backend, Any]]:
-    """The host-evaluated arrays (NumPy, the strict device) reachable from ``roots``: the
-    arrays themselves, what containers hold, what functions close over, name as globals or
-    take as defaults (not the module-level functions of NumPy, CuPy, SciPy or gpuscalar: their
-    caches are no body's state; a body defined inside one is followed), and the attributes
-    of other objects, to `_REACH_DEPTH` levels and `_REACH_LIMIT` values."""
-    found: dict[int, tuple[Backend, Any]] = {}
-    seen: set[int] = set()
-
-    def visit(value: Any, depth: int) -> None:
-        if isinstance(value, _ATOMS) or id(value) in seen or len(seen) >= _REACH_LIMIT:
-            return
-        seen.add(id(value))
-        backend = backend_of(value)
-        if backend is not None:
-            if backend.evaluates_on_host:
-                found[id(value)] = (backend, value)
-            return
-        if depth == 0:
-            return
-        inner: Iterable[Any]
-        if isinstance(value, (tuple, list, set, frozenset)):
-            inner = value
-        elif isinstance(value, dict):
-            inner = value.values()
-        elif isinstance(value, functools.partial):
-            inner = (value.func, *value.args, *value.keywords.values())
-        elif isinstance(value, types.MethodType):
-            inner = (value.__func__, value.__self__)
-        elif isinstance(value, types.FunctionType):
-            library = (value.__module__ or "").split(".")[0] in _LIBRARY_MODULES
-            if library and "<locals>" not in value.__qualname__:  # (a body defined there is not)
-                return
-            cells = [_cell_value(cell) for cell in value.__closure__ or ()]
-            named = value.__globals__
-            inner = (*cells, *(named[n] for n in set(_names_used(value.__code__)) if n in named),
-                     *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values())
-        else:
-            inner = _attributes(value)
-        for item in inner:
-            visit(item, depth - 1)
-
-    for root in roots:
-        visit(root, _REACH_DEPTH)
-    return list(found.values())
-
-
-def check_run(run: Callable[[], Any], roots: Iterable[Any]) -> None:
-    """Run ``run()`` (a body, under `body_rules`) only to check it, then put every array
-    reachable from ``roots`` back as it was: what a GPU's recording of the body checks (no
-    sync, no upload, the result's form), without what it would do. Floating-point warnings
-    are off (a body that does not run may see values it never runs on: 0/0 where nothing is
-    left to do), and loops and branches called in it are checked, not run (`checking`)."""
-    saved = []
-    for backend, array in reachable_arrays(roots):
-        data = backend.host_data(array)
-        if data.flags.writeable:
-            saved.append((data, data.copy()))
-    try:
-        with marked_checking(), np.errstate(all="ignore"):
-            run()
-    finally:
-        for data, copy in saved:
-            data[...] = copy
-
-
-# ---- the host executor (NumPy, the strict device) ----------------------------------------------
-
-
-def _decide(backend: Backend, value: Any, what: str) -> bool:
-    """The device's decision, read on the host without a sync: the host executor runs only on
-    backends that evaluate on the host, where the array's data is already here."""
-    return bool(backend.host_data(predicate_array(value, backend, what)))
-
-
-def host_while(cond_fn: Callable[..., Any], body: Callable[..., Any], state: tuple[Any, ...],
-               max_iter: int, backend: Backend, device: object) -> GPUScalar:
-    """The loop on the host: as a GPU would, the body is checked even when it never runs (a
-    check run), and inside a check run the loop is checked, not run (its count reads 0)."""
-
-    def iteration() -> None:
-        commit(body(*state), state, backend)
-
-    count = 0
-    with ledger.one_device_op():
-        with body_rules(backend):
-            if checking():
-                predicate_array(cond_fn(*state), backend, "while_loop")
-                check_run(iteration, (body, cond_fn, *state))
-            else:
-                while count < max_iter and _decide(backend, cond_fn(*state), "while_loop"):
-                    iteration()
-                    count += 1
-                if count == 0:
-                    check_run(iteration, (body, cond_fn, *state))
-        return count_scalar(backend, device, count)
-
-
-def host_cond(pred: Any, true_fn: Callable[..., Any] | None,
-              false_fn: Callable[..., Any] | None, operands: tuple[Any, ...],
-              backend: Backend) -> None:
-    """The branch on the host: the other one is checked first (a check run), as a GPU records
-    both before anything runs, then the taken one runs; inside a check run both are checked."""
-    with ledger.one_device_op(), body_rules(backend):
-        taken = _decide(backend, pred, "cond")
-        check_only = checking()
-        branches = [(true_fn, "true_fn", taken), (false_fn, "false_fn", not taken)]
-        run_after = None
-        for branch, name, runs in branches:
-            if branch is None:
-                continue
-
-            def run(branch: Callable[..., Any] = branch, name: str = name) -> None:
-                check_returned_none(branch(*operands), "cond", name)
-
-            if runs and not check_only:
-                run_after = run
-            else:
-                check_run(run, (branch, *operands))
-        if run_after is not None:
-            run_after()

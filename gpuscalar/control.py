@@ -18,28 +18,55 @@ the user's line), no host-to-device copy, and a pending GPUScalar made outside a
 is evaluated where it is used, never cached on the scalar (`ledger.loop_body`): it is still
 pending after the loop. A GPU records a body once, and both branches of a ``cond``: so on every
 backend a body is checked (no sync, no upload, its result's form) even when the loop runs zero
-times, and both branches are checked though one runs (`bodies.check_run`).
+times, and both branches are checked though one runs (`bodies.checking`).
 
-On NumPy and the strict device this module runs them on the host (the "host executor"): the
-predicate reads are not syncs (they stand for the device's decision), and the whole loop or
-branch counts as ONE device op, as a graph launch does. On CuPy, `gpuscalar.devices.cupy.control`
-records conditional nodes (or falls back to a host loop with one counted sync per iteration,
-with a warning, where conditional nodes are unavailable).
+This module is the device-neutral front (argument checks, placement); each device runs loops
+and branches with its "loops" executor (`Backend.executor`, protocol `Loops` below). On NumPy
+and the strict device, `gpuscalar.devices.host.control` runs them on the host: the predicate
+reads are not syncs (they stand for the device's decision), and the whole loop or branch counts
+as ONE device op, as a graph launch does. On CuPy, `gpuscalar.devices.cupy.control` records
+conditional nodes (or falls back to a host loop with one counted sync per iteration, with a
+warning, where conditional nodes are unavailable).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .backend import Backend
-from .bodies import host_cond, host_while, predicate_array, refuse_scalar_state
-from .devices import CUPY, NUMPY, backend_of, default_backend
+from .bodies import predicate_array, refuse_scalar_state
+from .devices import NUMPY, backend_of, default_backend
 from .scalar import GPUScalar
 
-__all__ = ["while_loop", "cond"]
+__all__ = ["while_loop", "cond", "Loops"]
+
+
+class Loops(Protocol):
+    """A device's "loops" executor (``backend.executor("loops")``): what `while_loop` and `cond`
+    hand a loop or branch to, its arguments checked and placed. Each runs under the rules of
+    `gpuscalar.bodies` (no sync, no upload, nothing cached on a scalar; a body checked even
+    where it does not run) and counts as one device op. CuPy's
+    (`gpuscalar.devices.cupy.control`) records conditional graph nodes; the host's
+    (`gpuscalar.devices.host.control`, NumPy and the strict device) runs them on the host."""
+
+    def default_device(self) -> object:
+        """The device a loop or branch without device arrays runs on."""
+        ...
+
+    def while_loop(self, cond: Callable[..., Any], body: Callable[..., Any],
+                   state: tuple[Any, ...], max_iter: int, device: object) -> GPUScalar:
+        """`gpuscalar.control.while_loop` on this device: the iteration count, as an int64
+        GPUScalar on ``device``."""
+        ...
+
+    def cond(self, pred: Any, true_fn: Callable[..., Any] | None,
+             false_fn: Callable[..., Any] | None, operands: tuple[Any, ...],
+             device: object) -> None:
+        """`gpuscalar.control.cond` on this device."""
+        ...
 
 # ---- argument checks ----------------------------------------------------------------------------
 
@@ -88,7 +115,8 @@ def _placement(what: str, values: tuple[Any, ...]) -> tuple[Backend, object]:
     if found is not None:
         return found
     backend = default_backend()
-    return backend, (CUPY.seam.current_device() if backend is CUPY else "cpu")
+    loops: Loops = backend.executor("loops")
+    return backend, loops.default_device()
 
 
 # ---- the public functions -----------------------------------------------------------------------
@@ -114,11 +142,8 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], *state: Any,
     limit = _check_max_iter(max_iter)
     refuse_scalar_state(state)
     backend, device = _placement("while_loop", state)
-    if backend is CUPY:
-        from .devices.cupy import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
-
-        return cuda_control.while_loop(cond, body, state, limit, device)
-    return host_while(cond, body, state, limit, backend, device)
+    loops: Loops = backend.executor("loops")
+    return loops.while_loop(cond, body, state, limit, device)
 
 
 def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., Any] | None,
@@ -136,9 +161,5 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
         backend, device = _placement("cond", (pred, *operands))
     else:  # not a device value: the error saying what a predicate is
         raise AssertionError(predicate_array(pred, NUMPY, "cond"))  # (always raises)
-    if backend is CUPY:
-        from .devices.cupy import control as cuda_control  # noqa: PLC0415 - CUDA only when on CuPy
-
-        cuda_control.cond(pred, true_fn, false_fn, operands, device)
-        return
-    host_cond(pred, true_fn, false_fn, operands, backend)
+    loops: Loops = backend.executor("loops")
+    loops.cond(pred, true_fn, false_fn, operands, device)

@@ -10,6 +10,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import ledger, optim, strict, sync
+from gpuscalar.capture import _capturing
 from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import graphs, linalg
 
@@ -212,7 +213,7 @@ def test_other_errors_propagate_and_leave_no_guard_behind(xp):
 
     with pytest.raises(KeyError, match="user bug"):
         gs.capture(broken, xp.zeros(1), warmup=1)
-    assert not graphs._capturing.get(False)
+    assert not _capturing.get(False)
     _program_still_usable(xp)
 
 
@@ -541,9 +542,11 @@ def test_a_step_called_while_a_graph_is_recorded_runs_inline_instead_of_launchin
     inner = gs.capture(fn, a, warmup=0, steps=2)
     launches = []
     monkeypatch.setattr(inner, "backend", CUPY)
-    monkeypatch.setattr(inner, "_resources",
-                        types.SimpleNamespace(graph=types.SimpleNamespace(
-                            launch=lambda: launches.append(1))))
+    recorded = object.__new__(graphs._CudaRecording)  # a recorded graph, stood in for
+    recorded.resources = types.SimpleNamespace(graph=types.SimpleNamespace(
+        launch=lambda: launches.append(1)))
+    recorded.result = None
+    monkeypatch.setattr(inner, "_recording", recorded)
     monkeypatch.setattr(CUPY, "device_context", lambda device: contextlib.nullcontext())
     capturing = [False]
     monkeypatch.setattr(graphs, "_stream_capturing", lambda device: capturing[0])
@@ -615,7 +618,8 @@ def test_warm_up_evaluates_a_returned_pending_scalar_so_recording_compiles_nothi
             return gs.sum(x) * 2.0 + 1.0  # pending: a fused kernel evaluates it
 
         captured = gs.capture(step, x, warmup=2)
-        assert isinstance(captured._result, gs.GPUScalar) and captured._result.is_materialized
+        result = captured._recording.result
+        assert isinstance(result, gs.GPUScalar) and result.is_materialized
         assert len(seam.graphs) == 1
     assert builds and builds == [0] * len(builds)  # built while warming up, none while recording
 
@@ -666,3 +670,29 @@ def test_on_cupy_a_replay_returns_the_recorded_buffers_rewritten():
         second = step()
         assert second is first and host_view(first).tolist() == [8.0, 8.0]
         step.release()
+
+
+# ---- the "graphs" executor slot (issue 22) -----------------------------------------------------
+
+
+def test_each_device_records_steps_through_its_graphs_executor():
+    """`gs.capture` hands a step to ``backend.executor("graphs")`` (the protocol
+    `gpuscalar.capture.Graphs`): NumPy and the strict device share the host one, which re-runs
+    steps; a step's repr names what its device does."""
+    from gpuscalar.capture import Graphs  # noqa: PLC0415
+    from gpuscalar.devices import NUMPY, STRICT  # noqa: PLC0415
+    from gpuscalar.devices.host.graphs import HostGraphs  # noqa: PLC0415
+
+    on_numpy, on_strict = NUMPY.executor("graphs"), STRICT.executor("graphs")
+    assert type(on_numpy) is type(on_strict) is HostGraphs
+    members = {name for name in (*vars(Graphs), *Graphs.__annotations__)
+               if not name.startswith("_")}
+    assert members == {"form", "default_device", "library_syncs", "record"}
+    step = gs.capture(lambda a: None, strict.xp.zeros(1), warmup=0)
+    assert "strict, re-run" in repr(step)
+
+
+@pytest.mark.needs_cupy  # the CuPy wing's executor module imports CuPy's side of the seam
+def test_cupy_records_steps_through_its_own_graphs_executor():
+    assert type(CUPY.executor("graphs")) is graphs.CudaGraphs
+    assert CUPY.executor("graphs").form == "CUDA graph"

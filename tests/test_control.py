@@ -490,7 +490,7 @@ def test_loops_and_branches_in_a_check_run_are_checked_not_run(xp):
 
 @pytest.mark.parametrize("xp", [np, gs.strict.xp], ids=["numpy", "strict"])  # host arrays
 def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(xp):
-    from gpuscalar import bodies  # noqa: PLC0415
+    from gpuscalar.devices.host import control as host_control  # noqa: PLC0415
 
     a, b, c, d, e = (xp.zeros(1) for _ in range(5))
 
@@ -508,16 +508,16 @@ def test_reachable_arrays_follow_closures_globals_partials_methods_and_objects(x
         helper(x)
         x += a
 
-    found = bodies.reachable_arrays((body, functools.partial(helper, b), Solver().step))
+    found = host_control.reachable_arrays((body, functools.partial(helper, b), Solver().step))
     ids = {id(array) for _, array in found}
     assert {id(a), id(b), id(c), id(d), id(e)} <= ids
-    assert bodies.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
+    assert host_control.reachable_arrays((gs.norm, np.linalg.norm)) == []  # library code
 
     def library_body(x):  # a body a library defines (a solver's) is followed
         x += a
 
     library_body.__module__ = "gpuscalar.linalg"
-    assert [array for _, array in bodies.reachable_arrays((library_body,))] == [a]
+    assert [array for _, array in host_control.reachable_arrays((library_body,))] == [a]
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -681,3 +681,30 @@ def test_the_benchmark_cg_measurement_agrees_on_the_cpu(xp):
     assert found["syncs"]["host checks"] == found["iterations"]["host checks"] + 1
     cost = gpu_control.measure_iteration_cost(xp, 5, repeats=1)
     assert cost["iterations"] == 5 and "microseconds_per_iteration_beyond_body" in cost
+
+
+# ---- the "loops" executor slot (issue 22) ------------------------------------------------------
+
+
+def test_each_device_runs_loops_through_its_loops_executor():
+    """`gs.while_loop`/`gs.cond` hand a loop to ``backend.executor("loops")`` (the protocol
+    `gpuscalar.control.Loops`): NumPy and the strict device share the host one (one home)."""
+    from gpuscalar.control import Loops  # noqa: PLC0415
+    from gpuscalar.devices import NUMPY, STRICT  # noqa: PLC0415
+    from gpuscalar.devices.host.control import HostLoops  # noqa: PLC0415
+
+    on_numpy, on_strict = NUMPY.executor("loops"), STRICT.executor("loops")
+    assert type(on_numpy) is type(on_strict) is HostLoops
+    assert (on_numpy.backend, on_strict.backend) == (NUMPY, STRICT)
+    assert NUMPY.executor("loops") is on_numpy  # made once
+    members = [name for name in vars(Loops) if not name.startswith("_")]
+    assert set(members) == {"default_device", "while_loop", "cond"}
+    assert all(callable(getattr(on_numpy, name)) for name in members)
+
+
+@pytest.mark.needs_cupy  # the CuPy wing's executor module imports CuPy's side of the seam
+def test_cupy_records_loops_through_its_own_loops_executor():
+    from gpuscalar.devices import CUPY  # noqa: PLC0415
+    from gpuscalar.devices.cupy.control import CudaLoops  # noqa: PLC0415
+
+    assert type(CUPY.executor("loops")) is CudaLoops

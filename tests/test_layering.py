@@ -17,7 +17,7 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
                    "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py",
-                   "sparse.py")
+                   "sparse.py", "control.py", "bodies.py", "capture.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -132,13 +132,8 @@ WING_ROOTS = {"host": "gpuscalar.devices.host.backend", "strict": "gpuscalar.dev
 WING_IMPORTS_OUTSIDE = {
     # the public module `gs.strict`: re-exports the strict device's public names (stays)
     ("gpuscalar.strict", "gpuscalar.devices.strict.device"),
-    # to move in phase 2: device-neutral fronts (gs.capture, gs.matmul, gs.MetricLog, loops,
-    # spmv) still in the CuPy wing, or a feature front that picks a wing's code itself
-    ("gpuscalar", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar.bodies", "gpuscalar.devices.cupy.graphs"),
-    ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
+    # to move in phase 2: a feature front that picks a wing's code itself
     ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
-    ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
 }
 
 

@@ -158,9 +158,9 @@ def _in_capture_step() -> bool:
     """Whether a `gs.capture` step is being warmed up or recorded (a NCCL collective may be
     recorded there; a loop or branch body is refused by its own flag, except one nested in a
     capture step, which this cannot tell apart: NCCL's own error is raised there)."""
-    from ..devices.cupy import graphs  # noqa: PLC0415 - only inside a body
+    from ..capture import _capturing  # noqa: PLC0415 - only inside a body
 
-    return bool(graphs._capturing.get(False))
+    return bool(_capturing.get(False))
 
 
 def _flatten(values: Any) -> tuple[Any, list[Any]]:

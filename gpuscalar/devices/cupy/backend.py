@@ -253,9 +253,12 @@ class CupyBackend(Backend):
     multi_device = True
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
+    #: `Backend.executors`: cuBLAS products, CSR products, conditional graph nodes, CUDA graphs
     executors = {
         "blas": "gpuscalar.devices.cupy.linalg:CupyBlas",
         "sparse": "gpuscalar.devices.cupy.products:CupySparse",
+        "loops": "gpuscalar.devices.cupy.control:CudaLoops",
+        "graphs": "gpuscalar.devices.cupy.graphs:CudaGraphs",
     }
 
     def __init__(self) -> None:

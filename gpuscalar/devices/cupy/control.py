@@ -1,6 +1,7 @@
 """`gs.while_loop` and `gs.cond` on CuPy: CUDA conditional graph nodes, or a counted fallback.
 
-Why this module exists: CUDA 12.3+ graphs have conditional nodes (IF, WHILE) whose body graph
+Why this module exists: it is CuPy's "loops" executor (`CudaLoops`, the protocol
+`gpuscalar.control.Loops`). CUDA 12.3+ graphs have conditional nodes (IF, WHILE) whose body graph
 runs while a device-side flag says so, set by a kernel calling ``cudaGraphSetConditional``. A
 whole solve becomes one launch and no sync. No released CuPy has an API for them; the mechanism
 needs only the stream handle and NVIDIA's ``cuda-bindings`` (``cuda.bindings.runtime``):
@@ -44,9 +45,9 @@ from ...bodies import (
 )
 from ...scalar import GPUScalar, _make_array, _wrap
 from . import graphs, linalg
-from .backend import CUPY
+from .backend import CUPY, CupyBackend
 
-__all__ = ["CONDITION_SOURCE", "CONDITION_KERNEL", "while_loop", "cond"]
+__all__ = ["CONDITION_SOURCE", "CONDITION_KERNEL", "CudaLoops", "while_loop", "cond"]
 
 #: The kernel that hands the device's decision to a conditional node ``h``: ``f`` is the
 #: predicate (0-d bool; ``i`` nonzero takes its negation, for the else branch of `cond`),
@@ -359,3 +360,22 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
         for branch, name, runs in branches:
             if branch is not None and runs:
                 _checked_branch(branch, name, operands)
+
+
+class CudaLoops:
+    """CuPy's "loops" executor (`gpuscalar.control.Loops`): conditional nodes, or the fallback."""
+
+    def __init__(self, backend: CupyBackend) -> None:
+        self.backend = backend
+
+    def default_device(self) -> object:
+        return self.backend.seam.current_device()
+
+    def while_loop(self, cond_fn: Callable[..., Any], body: Callable[..., Any],
+                   state: tuple[Any, ...], max_iter: int, device: object) -> GPUScalar:
+        return while_loop(cond_fn, body, state, max_iter, device)
+
+    def cond(self, pred: Any, true_fn: Callable[..., Any] | None,
+             false_fn: Callable[..., Any] | None, operands: tuple[Any, ...],
+             device: object) -> None:
+        cond(pred, true_fn, false_fn, operands, device)

@@ -1,8 +1,13 @@
 """The host device (a wing of `gpuscalar.devices`): NumPy arrays, always there.
 
 Why this subpackage exists: every device is one folder that owns its code, the smallest one
-included. `backend` is its root (`NumpyBackend` and its one instance); its executors compute on
-NumPy data in one counted device op and serve the strict device too (one home for both):
-`blas` (``"blas"``: gs.matmul, gs.dot, gs.vdot) and `sparse` (``"sparse"``: gs.spmv,
-gs.as_csr, which the strict device's extends for its own CSR matrices).
+included. `backend` is its root (`NumpyBackend` and its one instance); beside it the host
+executors that NumPy and the strict device share, one home that both wings' entries name
+(`Backend.executors`), each computing on NumPy data in one counted device op: `blas`
+(``"blas"``: gs.matmul, gs.dot, gs.vdot), `sparse` (``"sparse"``: gs.spmv, gs.as_csr, which the
+strict device's extends for its own CSR matrices), `control` (the ``"loops"`` executor:
+`gs.while_loop`/`gs.cond` run on the host, with check runs of the bodies that do not run) and
+`graphs` (the ``"graphs"`` executor: a `gs.capture` step re-run under the sync guard, its
+outputs kept in the same buffers). Importing this package imports none of them: the registry
+imports `backend` only.
 """

@@ -32,9 +32,12 @@ class NumpyBackend(Backend):
 
     evaluates_on_host = True
     host_memory = True
+    #: the host executors, one home shared with the strict device (`Backend.executors`)
     executors = {
         "blas": "gpuscalar.devices.host.blas:HostBlas",
         "sparse": "gpuscalar.devices.host.sparse:HostSparse",
+        "loops": "gpuscalar.devices.host.control:HostLoops",
+        "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
     }
 
     def owns(self, value: object) -> bool:

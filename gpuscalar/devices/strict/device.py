@@ -712,9 +712,13 @@ class StrictBackend(Backend):
     multi_device = True
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
+    #: the host wing's executors (`Backend.executors`): one home for both host devices (its
+    #: own sparse one extends the host's for the strict CSR matrices)
     executors = {
         "blas": "gpuscalar.devices.host.blas:HostBlas",
         "sparse": "gpuscalar.devices.strict.sparse:StrictSparse",
+        "loops": "gpuscalar.devices.host.control:HostLoops",
+        "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
     }
 
     @property
