@@ -32,6 +32,10 @@ class NumpyBackend(Backend):
 
     evaluates_on_host = True
     host_memory = True
+    executors = {
+        "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
+        "steps": "gpuscalar.devices.host.steps:numpy_steps",
+    }
 
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)

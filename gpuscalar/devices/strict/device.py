@@ -712,6 +712,11 @@ class StrictBackend(Backend):
     multi_device = True
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
+    #: the host evaluators, shared with NumPy (the host wing is their one home)
+    executors = {
+        "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
+        "steps": "gpuscalar.devices.host.steps:strict_steps",
+    }
 
     @property
     def xp(self) -> Any:
