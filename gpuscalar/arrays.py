@@ -12,6 +12,7 @@ the launch. Built on `gpuscalar.scalar` and `gpuscalar.operators` (it registers 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -177,10 +178,11 @@ def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: An
 #: and dtype) -> (backend, the keywords that pin the parity loop, the GPUScalar operands'
 #: positions, the arrays'), for array operations whose operands all live on one backend:
 #: `apply_ufunc`'s decision, made once per kinds (values never enter it; devices are checked
-#: per call), and whether a fold of one pending scalar goes straight to CuPy's fused launch
-#: (`fusion.fold_on_cupy`). Bounded by the kinds a program combines.
+#: per call), and the function a fold of one pending scalar calls straight away where the
+#: backend's executor has one (`fusion.Executor.direct_fold`: CuPy's fused launch), else None.
+#: Bounded by the kinds a program combines.
 _ARRAY_CALLS: dict[tuple[Any, ...], tuple[Backend, dict[str, Any], tuple[int, ...],
-                                          tuple[int, ...], bool]] = {}
+                                          tuple[int, ...], Callable[..., Any] | None]] = {}
 
 
 def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
@@ -225,12 +227,11 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
                 _check_devices(backend, operands)
     if out is not None:
         keywords = {**keywords, "out": out}
-    if fold:  # one GPUScalar on CuPy, keywords CuPy's fused kernel implements
+    if fold is not None:  # one GPUScalar, keywords the executor's direct fold implements
         scalar = operands[scalars[0]]
         node = scalar._node  # read once: another thread may materialize it
         if node is not None and node[SIZE] <= KEEP_NODES:  # (a kept one: `_fused`)
-            result = fusion.fold_on_cupy(call_key, name, operands, keywords, scalars[0], node,
-                                         device)
+            result = fold(call_key, name, operands, keywords, scalars[0], node, device)
             if result is not NotImplemented:
                 scalar._used = True
                 return result
@@ -254,9 +255,8 @@ def _decide_array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
     keywords = _loop_keywords(backend, name, tuple(map(_stand_in, operands)), outs)
     scalars = tuple(i for i, op in enumerate(operands) if type(op) in _SCALAR_CLASSES)
     arrays = tuple(i for i, op in enumerate(operands) if backend.owns(op))
-    fold = (len(scalars) == 1 and isinstance(fusion.executor_for(backend), fusion.CupyExecutor)
-            and fusion.cupy_fuses_keywords({**keywords, "out": None})
-            and not any(type(op) is int for op in operands))  # (CuPy: int64 or uint64)
+    fold = (fusion.executor_for(backend).direct_fold({**keywords, "out": None}, operands)
+            if len(scalars) == 1 else None)
     return backend, keywords, scalars, arrays, fold
 
 
@@ -275,7 +275,7 @@ def _loop_keywords(backend: Backend, name: str, stand_ins: tuple[Any, ...],
         keywords["signature"] = signature
     else:
         dtype = promote.cupy_dtype_argument(signature)
-        if dtype is not None and fusion.dtype_pins_loop(name, dtype):
+        if dtype is not None and fusion.executor_for(backend).pins_loop(name, dtype):
             keywords["dtype"] = dtype
     return keywords
 

@@ -597,7 +597,7 @@ def test_warm_up_evaluates_a_returned_pending_scalar_so_recording_compiles_nothi
     """A step returning a pending GPUScalar: its fused kernel is built while warming up, so
     the recording (where a compile would stall the capture) builds none. Each kernel build is
     observed with the number of recordings under way at that moment."""
-    from gpuscalar.lazy import fusion  # noqa: PLC0415
+    from gpuscalar.devices.cupy import fusion  # noqa: PLC0415
 
     from .cupy_fake import fake_memory  # noqa: PLC0415 - imports CuPy
     from .cupy_seam import recording  # noqa: PLC0415

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
+from gpuscalar.devices.cupy.fusion import eager_cupy_op
 from gpuscalar.lazy import codegen, expr
-from gpuscalar.lazy.fusion import eager_cupy_op
 
 from . import nvrtc as nv
 from . import recipes
@@ -319,7 +319,7 @@ def test_missing_cupy_internals_make_fusion_unsupported(monkeypatch):
     `FusionUnsupported` (the caller evaluates eagerly), not an AttributeError."""
     from cupy._core import _scalar
 
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     node = (gs.asscalar(np.float32(1.5)) * 2.0 + 1.0)._node
     monkeypatch.delattr(_scalar, "get_typename")
@@ -341,7 +341,7 @@ def test_missing_cupy_internals_make_array_operations_eager(monkeypatch):
     from cupy._core import _scalar
 
     from gpuscalar.devices import CUPY
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     fake = type("ufunc", (), {})()  # no _ops, no _out_ops
     assert fusion.eager_cupy_op(fake, (F32, F32), (False, False), None) is None

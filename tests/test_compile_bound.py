@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
+from gpuscalar.devices.host import fusion as host_fusion
 from gpuscalar.lazy import expr, fusion
 
 from .helpers import host
@@ -31,8 +32,8 @@ def _whole_structures(monkeypatch) -> list[int]:
     """The structure key of every evaluation the host executor makes in one op (a CuPy kernel
     each), in order."""
     seen: list[int] = []
-    materialize = fusion._materialize_on_host
-    fused = fusion._fused_on_host
+    materialize = host_fusion._materialize_on_host
+    fused = host_fusion._fused_on_host
 
     def recording_materialize(backend, root):
         seen.append(root[expr.KEY])
@@ -42,8 +43,8 @@ def _whole_structures(monkeypatch) -> list[int]:
         seen.extend(root[expr.KEY] for root in pending.values())
         return fused(backend, name, operands, kwargs, pending, keep)
 
-    monkeypatch.setattr(fusion, "_materialize_on_host", recording_materialize)
-    monkeypatch.setattr(fusion, "_fused_on_host", recording_fused)
+    monkeypatch.setattr(host_fusion, "_materialize_on_host", recording_materialize)
+    monkeypatch.setattr(host_fusion, "_fused_on_host", recording_fused)
     return seen
 
 
@@ -140,7 +141,7 @@ def test_optimizer_kernels_live_in_one_bounded_cache(rng):
     """More distinct step-kernel variants than the bound: at most the bound stay cached, and
     steps after eviction still compute the right values."""
     from gpuscalar import optim  # noqa: PLC0415
-    from gpuscalar.optim import executors  # noqa: PLC0415
+    from gpuscalar.devices.cupy import steps  # noqa: PLC0415
 
     from .cupy_fake import cupy_or_fail  # noqa: PLC0415
     from .cupy_seam import host_view  # noqa: PLC0415
@@ -150,7 +151,7 @@ def test_optimizer_kernels_live_in_one_bounded_cache(rng):
     previous = gs.set_cache_size(3)
     try:
         with emulated() as emu:
-            assert len(executors._STEP_KERNELS) == 0  # emptied under the test seam
+            assert len(steps._STEP_KERNELS) == 0  # emptied under the test seam
             lrs = [0.25, gs.GPUScalar(emu.xp.asarray(0.25)),
                    gs.GPUScalar(emu.xp.asarray(np.float32(0.25))),
                    gs.GPUScalar(emu.xp.asarray(np.int64(0)))]
@@ -164,8 +165,8 @@ def test_optimizer_kernels_live_in_one_bounded_cache(rng):
                         optim.sgd_step(p, g, lr=lr)
                         if not (isinstance(lr, gs.GPUScalar) and lr.dtype.kind == "i"):
                             expected = expected - dtype(0.25) * g0
-                        assert len(executors._STEP_KERNELS) <= 3
+                        assert len(steps._STEP_KERNELS) <= 3
                 np.testing.assert_allclose(host_view(p), expected, rtol=1e-5, atol=1e-6)
-            assert executors.step_kernel_count() == len(executors._STEP_KERNELS) <= 3
+            assert steps.step_kernel_count() == len(steps._STEP_KERNELS) <= 3
     finally:
         gs.set_cache_size(previous)

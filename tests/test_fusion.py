@@ -146,7 +146,7 @@ def test_materialization_is_one_counted_op_on_every_host_backend(xp):
 
 def test_dtype_argument_is_only_given_where_it_pins_cupys_loop():
     pytest.importorskip("cupy")  # CuPy's ufunc tables exist without a device
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     assert fusion.dtype_pins_loop("add", np.dtype(np.float32))
     assert fusion.dtype_pins_loop("true_divide", np.dtype(np.float64))
@@ -195,7 +195,7 @@ def test_keyword_arrays_are_honoured_with_a_pending_operand(xp, build, masked):
 
 
 def test_cupy_fuses_only_the_keywords_its_kernel_implements():
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     assert fusion.cupy_fuses_keywords({})
     assert fusion.cupy_fuses_keywords({"casting": "unsafe"})
@@ -335,7 +335,7 @@ def test_a_repeated_fold_on_cupy_reuses_one_plan_and_one_kernel():
     """``lr_expr * g`` with the same structure every step: the first fold decides the plan
     (CuPy's routine, the kernel); the next ones only look it up. Each is one launch, the same
     kernel with the step's own leaves."""
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     from .cupy_fake import from_host
 
@@ -367,7 +367,7 @@ def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
     """Operand dtypes, the output's dtype and the operation each decide CuPy's routine and the
     kernel: with every plan cached (folds in any order, twice), each fold launches the kernel
     a fold of its own, with empty caches, would build."""
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     from .cupy_fake import from_host
 
@@ -413,7 +413,7 @@ def test_a_plan_is_keyed_by_everything_it_decided_from(monkeypatch):
 def test_an_evicted_plan_costs_only_a_rebuild_of_the_same_kernel(bounded_to):
     """With room for one entry, alternating two folds evicts each plan and kernel in turn: every
     fold is still one launch, of a kernel with the same generated source as before."""
-    from gpuscalar.lazy import fusion
+    from gpuscalar.devices.cupy import fusion
 
     from .cupy_fake import from_host
 
@@ -497,8 +497,9 @@ def test_each_backend_has_one_executor_and_its_scalars_use_it(xp, monkeypatch):
     backend = backend_of(xp.zeros(1))
     executor = fusion.executor_for(backend)
     assert executor is fusion.executor_for(backend) and executor.backend is backend
-    assert type(executor) is (fusion.CupyExecutor if backend.name == "cupy" else
-                              fusion.HostExecutor)
+    assert executor is backend.executor("scalars")  # the device's "scalars" slot
+    assert type(executor).__module__ == ("gpuscalar.devices.cupy.fusion" if backend.name == "cupy"
+                                         else "gpuscalar.devices.host.fusion")
     with gs.lazy(True):
         s = gs.asscalar(2.0, like=xp.zeros(1)) * 3.0
     assert type(s)._executor is executor
@@ -546,7 +547,8 @@ def test_the_fold_fast_path_launches_what_the_general_path_launches(monkeypatch)
     kernel (the same generated source and parameters) with the same arguments, one launch per
     fold, as the general path (`_launch` -> `fused_ufunc` -> `_fused_on_cupy`); an overlapping
     output, a Python int operand and a kept scalar still take the general path."""
-    from gpuscalar.lazy import fusion
+    from gpuscalar import arrays
+    from gpuscalar.devices.cupy import fusion
 
     from .cupy_fake import from_host
 
@@ -575,6 +577,7 @@ def test_the_fold_fast_path_launches_what_the_general_path_launches(monkeypatch)
             assert counter.device_ops == 6
 
     def launches():
+        monkeypatch.setattr(arrays, "_ARRAY_CALLS", {})  # decided afresh: the fold function
         monkeypatch.setattr(fusion, "_PLANS", fusion.BoundedCache())
         monkeypatch.setattr(fusion, "_KERNELS", fusion.BoundedCache())
         found = _fold_on_fake_cupy(run)

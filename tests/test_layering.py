@@ -17,7 +17,8 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
                    "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py",
-                   "sparse.py", "control.py", "bodies.py", "capture.py")
+                   "sparse.py", "control.py", "bodies.py", "capture.py", "lazy/fusion.py",
+                   "optim/executors.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 

@@ -5,7 +5,7 @@ tables, the kernel that writes gradient addresses from its arguments, kernel arg
 step-counter kernel, and what a CUDA graph replay does to them -- would otherwise first execute
 on a real device. Here CuPy itself is the backend, on real ``cupy.ndarray``s over fake memory
 (tests/cupy_fake.py), so the optimizers get their real CUDA executor
-(`gpuscalar.optim.executors.CudaExecutor`); the double stands for ONE seam, gpuscalar's
+(`gpuscalar.devices.cupy.steps.CudaExecutor`); the double stands for ONE seam, gpuscalar's
 `CudaSeam` (installed with `CUPY.seam_replaced`), not for a device backend. It receives every
 launch (recorded and checked against CuPy by `tests.cupy_seam.RecordingSeam`), checks each
 argument against the C type of the generated kernel's parameter (a CuPy RawKernel passes a
@@ -37,7 +37,8 @@ import gpuscalar as gs
 from gpuscalar import optim, sync
 from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import control as cuda_control
-from gpuscalar.lazy import codegen, fusion
+from gpuscalar.devices.cupy import fusion, steps
+from gpuscalar.lazy import codegen
 from gpuscalar.optim import executors
 from gpuscalar.optim.kernels import (
     ADDRESS_CHUNK,
@@ -697,7 +698,7 @@ def test_a_pending_hyperparameter_cupy_cannot_compute_is_evaluated_first(emu, rn
     def no_code(plan, prefix):
         raise codegen.FusionUnsupported("no fusable routine")
 
-    monkeypatch.setattr(executors, "_CUPY_FUSES", {})
+    monkeypatch.setattr(steps, "_CUPY_FUSES", {})
     monkeypatch.setattr(codegen, "plan_code", no_code)
     # nor a fused kernel an earlier test built for the same expression (this seam answers an
     # ElementwiseKernel with memory whose values it does not compute; it computes a ufunc)

@@ -15,13 +15,14 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import optim
+from gpuscalar.devices.host.steps import HostExecutor
 from gpuscalar.optim import executors
 from gpuscalar.optim.program import PROGRAMS
 
 OPTIM = pathlib.Path(optim.__file__).parent
 #: the modules that must not ask which backend they run on (the executors decide)
 NO_BACKEND_BRANCH = ("adam", "sgd", "rmsprop", "lion", "base", "clip", "checks", "multi_tensor",
-                     "program", "kernels")
+                     "program", "kernels", "executors")
 #: every name `gpuscalar.optim` exported before the split
 IMPORTED_BEFORE = (
     "Program ADAM ADAMW SGD_PLAIN SGD_MOMENTUM SGD_NESTEROV PROGRAMS KERNEL_DTYPES POINTER_CTYPES "
@@ -63,11 +64,12 @@ def test_every_name_users_imported_still_imports():
 def test_the_executor_is_chosen_once_per_backend():
     numpy, strict = gs.get_backend("numpy"), gs.get_backend("strict")
     host = executors.executor_for(numpy)
-    assert executors.executor_for(numpy) is host and isinstance(host, executors.HostExecutor)
+    assert executors.executor_for(numpy) is host and isinstance(host, HostExecutor)
+    assert host is numpy.executor("steps")  # the device's "steps" slot
     assert host.plain_numpy and not host.contiguous
-    # the strict device evaluates on the host but keeps CuPy's layout rule
+    # the strict device evaluates on the host (the same evaluator) but keeps CuPy's layout rule
     strict_host = executors.executor_for(strict)
-    assert isinstance(strict_host, executors.HostExecutor)
+    assert isinstance(strict_host, HostExecutor) and strict_host is strict.executor("steps")
     assert strict_host.contiguous and not strict_host.plain_numpy
 
 

@@ -2,7 +2,7 @@
 
 Why this module exists: a `Program`'s rules become a CUDA kernel here, and only here, one per
 (program, dtype, scalar kinds, skip kind, layout); the compiled kernels are cached by that
-variant in ONE bounded cache (`gpuscalar.optim.executors`), not the texts. The kernel text is
+variant in ONE bounded cache (`gpuscalar.devices.cupy.steps`), not the texts. The kernel text is
 part of the contract (the NVRTC tests compile every variant; bench and the launch emulator run
 it), so the generator is kept free of anything a step decides at run time: it maps kinds to code.
 
@@ -173,7 +173,7 @@ def kernel_source(
     return _kernel_source(program, dtype, kinds, skip_kind, multi_tensor)
 
 
-def _kernel_source(  # not cached: the compiled kernel is (`executors._STEP_KERNELS`, bounded)
+def _kernel_source(  # not cached: the compiled kernel is (`cupy.steps._STEP_KERNELS`, bounded)
     program: Program,
     dtype: str,
     kinds: tuple[ScalarKind, ...],

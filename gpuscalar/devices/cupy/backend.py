@@ -107,7 +107,7 @@ class CudaSeam:
     def is_current_device(self, device: object) -> bool:
         """Whether ``device`` (an id) is this thread's current device, read without a
         ``Device`` object (CuPy's ``get_device_id``): the fold's check before it enters
-        `device_context` (gpuscalar.lazy.fusion.fold_on_cupy)."""
+        `device_context` (gpuscalar.devices.cupy.fusion.fold_on_cupy)."""
         get_id = _device_id_reader or _load_device_id_reader()
         return bool(device == get_id())
 
@@ -253,12 +253,15 @@ class CupyBackend(Backend):
     multi_device = True
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
-    #: `Backend.executors`: cuBLAS products, CSR products, conditional graph nodes, CUDA graphs
+    #: `Backend.executors`: cuBLAS and CSR products, conditional nodes, CUDA graphs, fused
+    #: scalar kernels, optimizer step kernels
     executors = {
         "blas": "gpuscalar.devices.cupy.linalg:CupyBlas",
         "sparse": "gpuscalar.devices.cupy.products:CupySparse",
         "loops": "gpuscalar.devices.cupy.control:CudaLoops",
         "graphs": "gpuscalar.devices.cupy.graphs:CudaGraphs",
+        "scalars": "gpuscalar.devices.cupy.fusion:CupyExecutor",
+        "steps": "gpuscalar.devices.cupy.steps:CudaExecutor",
     }
 
     def __init__(self) -> None:
@@ -311,6 +314,10 @@ class CupyBackend(Backend):
             for cache, contents in zip(self._seam_caches, saved[2], strict=False):
                 cache.clear()
                 cache.update(contents)
+            # a cache registered under ``seam`` (a wing module imported on first use: an
+            # executor slot's) holds only what ``seam`` made
+            for cache in self._seam_caches[len(saved[2]):]:
+                cache.clear()
 
     @property
     def xp(self) -> ModuleType:

@@ -38,6 +38,8 @@ class NumpyBackend(Backend):
         "sparse": "gpuscalar.devices.host.sparse:HostSparse",
         "loops": "gpuscalar.devices.host.control:HostLoops",
         "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
+        "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
+        "steps": "gpuscalar.devices.host.steps:numpy_steps",
     }
 
     def owns(self, value: object) -> bool:

@@ -719,6 +719,8 @@ class StrictBackend(Backend):
         "sparse": "gpuscalar.devices.strict.sparse:StrictSparse",
         "loops": "gpuscalar.devices.host.control:HostLoops",
         "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
+        "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
+        "steps": "gpuscalar.devices.host.steps:strict_steps",
     }
 
     @property
