@@ -11,8 +11,9 @@ One file per idea (this module only re-exports):
   program.py       update rules as data (`Program` of `gpuscalar.lazy.rules` nodes), scalar
                    kinds, the host evaluator
   kernels.py       CUDA source generation (update, step-counter and address-table kernels)
-  executors.py     host (NumPy) or CUDA (the launch seam) execution, chosen once per backend;
-                   `route`: how a kernel receives each scalar
+  executors.py     the "steps" executor protocol, asked of each backend once (the host and
+                   CUDA executors live in the device wings); `route`: how a kernel receives
+                   each scalar
   multi_tensor.py  dtype groups, state buffers, address and block tables
   checks.py        validation of arrays, hyperparameters and ``skip_if``
   base.py          `Optimizer`: hyperparameter descriptors, the step, state_dict

@@ -7,7 +7,9 @@ only for a CUDA GPU, most of them a feature's executor (`Backend.executors`): `g
 `conditional` (``"loops"``: CUDA conditional nodes for `gs.while_loop`/`gs.cond`), `linalg`
 (``"blas"``: cuBLAS products usable inside a capture, and gs.dot/gs.vdot) over `cublas` (the
 ctypes binding to the libcublas CuPy uses, and its handle pool), `products` (``"sparse"``, and
-the dot and CSR kernels recordable in a graph) and `metrics` (`gs.MetricLog`'s record kernel
-and asynchronous copies). Importing this package imports none of them (nor CuPy):
+the dot and CSR kernels recordable in a graph), `fusion` (``"scalars"``: pending expressions
+as generated ElementwiseKernels, their bounded caches, the fold's fast path), `steps`
+(``"steps"``: the optimizers' generated kernels in one bounded cache) and `metrics`
+(`gs.MetricLog`'s record kernel and asynchronous copies). Importing this package imports none of them (nor CuPy):
 the registry (`gpuscalar.devices`) imports `backend` only.
 """

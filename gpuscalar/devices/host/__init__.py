@@ -8,6 +8,8 @@ executors that NumPy and the strict device share, one home that both wings' entr
 strict device's extends for its own CSR matrices), `control` (the ``"loops"`` executor:
 `gs.while_loop`/`gs.cond` run on the host, with check runs of the bodies that do not run) and
 `graphs` (the ``"graphs"`` executor: a `gs.capture` step re-run under the sync guard, its
-outputs kept in the same buffers). Importing this package imports none of them: the registry
-imports `backend` only.
+outputs kept in the same buffers), `fusion` (``"scalars"``: pending expressions evaluated with
+NumPy, one op each) and `steps` (``"steps"``: the optimizers' programs on the host, with the
+strict device's layout rule in `strict_steps`). Importing this package imports none of them:
+the registry imports `backend` only.
 """
