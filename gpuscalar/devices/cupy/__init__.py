@@ -10,6 +10,6 @@ ctypes binding to the libcublas CuPy uses, and its handle pool), `products` (``"
 the dot and CSR kernels recordable in a graph), `fusion` (``"scalars"``: pending expressions
 as generated ElementwiseKernels, their bounded caches, the fold's fast path), `steps`
 (``"steps"``: the optimizers' generated kernels in one bounded cache) and `metrics`
-(`gs.MetricLog`'s record kernel and asynchronous copies). Importing this package imports none of them (nor CuPy):
-the registry (`gpuscalar.devices`) imports `backend` only.
+(`gs.MetricLog`'s record kernel and asynchronous copies). Importing this package imports none
+of them (nor CuPy): the registry (`gpuscalar.devices`) imports `backend` only.
 """
