@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 #: never which one it is, nor pick an evaluator themselves
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
-                   "optim/base.py", "optim/clip.py")
+                   "optim/base.py", "optim/clip.py", "deferred.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -137,7 +137,6 @@ WING_IMPORTS_OUTSIDE = {
     ("gpuscalar", "gpuscalar.devices.cupy.linalg"),
     ("gpuscalar.bodies", "gpuscalar.devices.cupy.graphs"),
     ("gpuscalar.control", "gpuscalar.devices.cupy.control"),
-    ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
     ("gpuscalar.distributed", "gpuscalar.devices.cupy.graphs"),
     ("gpuscalar.linalg._system", "gpuscalar.devices.cupy.linalg"),
     ("gpuscalar.reduce", "gpuscalar.devices.cupy.linalg"),

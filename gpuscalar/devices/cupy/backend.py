@@ -253,6 +253,9 @@ class CupyBackend(Backend):
     multi_device = True
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
+    executors = {
+        "metrics": "gpuscalar.devices.cupy.metrics:CudaRings",
+    }
 
     def __init__(self) -> None:
         self.seam: CudaSeam = CudaSeam()

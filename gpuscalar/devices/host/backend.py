@@ -32,6 +32,9 @@ class NumpyBackend(Backend):
 
     evaluates_on_host = True
     host_memory = True
+    executors = {
+        "metrics": "gpuscalar.devices.host.metrics:HostRings",
+    }
 
     def owns(self, value: object) -> bool:
         return isinstance(value, np.ndarray)

@@ -712,6 +712,9 @@ class StrictBackend(Backend):
     multi_device = True
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     evaluates_on_host = True
+    executors = {  # the host wing's executors serve both devices that evaluate on the host
+        "metrics": "gpuscalar.devices.host.metrics:HostRings",
+    }
 
     @property
     def xp(self) -> Any:
