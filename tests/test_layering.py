@@ -16,7 +16,8 @@ PACKAGE = pathlib.Path(gpuscalar.__file__).parent
 #: never which one it is, nor pick an evaluator themselves
 FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.py", "ad.py",
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
-                   "optim/base.py", "optim/clip.py", "deferred.py")
+                   "optim/base.py", "optim/clip.py", "deferred.py", "distributed/__init__.py",
+                   "distributed/mpi.py", "distributed/nccl.py", "distributed/packing.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 

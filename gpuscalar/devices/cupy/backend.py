@@ -255,6 +255,7 @@ class CupyBackend(Backend):
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     executors = {
         "metrics": "gpuscalar.devices.cupy.metrics:CudaRings",
+        "collectives": "gpuscalar.devices.cupy.collectives:CudaCollectives",
     }
 
     def __init__(self) -> None:

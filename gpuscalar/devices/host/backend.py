@@ -34,6 +34,7 @@ class NumpyBackend(Backend):
     host_memory = True
     executors = {
         "metrics": "gpuscalar.devices.host.metrics:HostRings",
+        "collectives": "gpuscalar.devices.host.collectives:HostCollectives",
     }
 
     def owns(self, value: object) -> bool:

@@ -714,6 +714,7 @@ class StrictBackend(Backend):
     evaluates_on_host = True
     executors = {  # the host wing's executors serve both devices that evaluate on the host
         "metrics": "gpuscalar.devices.host.metrics:HostRings",
+        "collectives": "gpuscalar.devices.host.collectives:HostCollectives",
     }
 
     @property
