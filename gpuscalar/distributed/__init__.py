@@ -55,7 +55,7 @@ from .packing import buffer_dtype, result_dtype
 if TYPE_CHECKING:
     from .mpi import MpiComm
 
-__all__ = ["all_reduce", "OPS", "buffer_dtype", "result_dtype", "Collectives"]
+__all__ = ["all_reduce", "OPS", "buffer_dtype", "result_dtype"]
 
 #: The reductions `all_reduce` knows, by name.
 OPS = ("sum", "mean", "max", "min", "prod")
