@@ -91,6 +91,11 @@ class Collectives(Protocol):
         device without NCCL raises ``comm.refused(backend)``."""
 
 
+#: each device's "collectives" executor, once found (`all_reduce` runs every step: the slot's
+#: lookup is off its path); one entry per backend that has one
+_COLLECTIVES: dict[Backend, Collectives] = {}
+
+
 def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
     """Reduce ``values`` across the processes of ``comm``: the results, in the same structure.
 
@@ -137,7 +142,13 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
             raise TypeError(f"gs.distributed.all_reduce: op={op!r} of complex values "
                             f"({_where(index, structure)} is {array.dtype}): complex numbers "
                             "are not ordered")
-    reduced, host = communicator.all_reduce(backend, device, arrays, op)
+    collectives = _COLLECTIVES.get(backend)
+    if collectives is None:
+        try:
+            collectives = _COLLECTIVES[backend] = backend.executor("collectives")
+        except LookupError:
+            raise communicator.refused(backend) from None
+    reduced, host = communicator.all_reduce(collectives, device, arrays, op)
     results: list[Any] = []
     for item, array, value in zip(items, reduced, host, strict=True):
         if isinstance(array, GPUScalar):  # pending already (host MPI: a non-blocking collective)

@@ -50,22 +50,22 @@ class MpiComm:
         self.comm = comm
         self.size = comm.Get_size()
 
-    def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
+    def all_reduce(self, collectives: Collectives, device: object, arrays: list[Any],
                    op: str) -> tuple[list[Any], list[Any]]:
-        """The reduced ``arrays`` (new arrays of ``backend``, each of its input's shape, in
-        `result_dtype`) and their host values (Python numbers for 0-d ones; None for a pending
-        result)."""
-        try:
-            collectives: Collectives = backend.executor("collectives")
-        except LookupError:
-            raise TypeError(f"gs.distributed.all_reduce: MPI reduces host data and CuPy "
-                            f"memory, not {backend.name} arrays") from None
+        """The reduced ``arrays`` by the device's ``collectives`` (new arrays of the device,
+        each of its input's shape, in `result_dtype`) and their host values (Python numbers for
+        0-d ones; None for a pending result)."""
         groups: dict[np.dtype, list[int]] = {}
         for index, array in enumerate(arrays):
             groups.setdefault(buffer_dtype(array.dtype, op), []).append(index)
         for dtype, indices in groups.items():
             _check_mpi_type(dtype, arrays[indices[0]].dtype)
         return collectives.mpi_all_reduce(self, device, arrays, groups, op)
+
+    def refused(self, backend: Backend) -> TypeError:
+        """The error for values of a device that has no collectives."""
+        return TypeError(f"gs.distributed.all_reduce: MPI reduces host data and CuPy memory, "
+                         f"not {backend.name} arrays")
 
 
 def _check_mpi_type(dtype: np.dtype, given: np.dtype) -> None:

@@ -77,18 +77,16 @@ class NcclComm:
             self.size = int(comm.size())
             self.device_id = int(comm.device_id())
 
-    def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
+    def all_reduce(self, collectives: Collectives, device: object, arrays: list[Any],
                    op: str) -> tuple[list[Any], list[Any]]:
-        """The reduced ``arrays`` as new arrays of ``backend``, the collective enqueued on the
-        current stream (no sync; their host values are not known: None each)."""
-        try:
-            collectives: Collectives = backend.executor("collectives")
-        except LookupError:
-            raise self.refused(backend) from None
+        """The reduced ``arrays`` by the device's ``collectives``: new arrays of the device,
+        the collective enqueued on the current stream (no sync; their host values are not
+        known: None each)."""
         return collectives.nccl_all_reduce(self, device, arrays, op)
 
     def refused(self, backend: Backend) -> TypeError:
-        """The error for values of a device that has no NCCL (its collectives refuse it)."""
+        """The error for values of a device that has no NCCL (no collectives, or collectives
+        that refuse NCCL)."""
         return TypeError(f"gs.distributed.all_reduce: a NCCL communicator reduces CuPy "
                          f"arrays, not {backend.name} ones (use an mpi4py communicator)")
 

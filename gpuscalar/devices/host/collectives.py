@@ -8,6 +8,7 @@ communicator); a NCCL communicator is refused (NCCL reduces device memory).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,8 +31,12 @@ class HostCollectives:
     def mpi_all_reduce(self, comm: MpiComm, device: object, arrays: list[Any],
                        groups: dict[np.dtype, list[int]], op: str
                        ) -> tuple[list[Any], list[Any]]:
-        from . import mpi  # noqa: PLC0415 - mpi4py only with the user's MPI communicator
+        # mpi4py only with the user's MPI communicator: imported at the first call, which
+        # puts the MPI path itself in this method's place (later calls go straight there)
+        from . import mpi  # noqa: PLC0415
 
+        self.mpi_all_reduce = functools.partial(  # type: ignore[method-assign]
+            mpi.all_reduce, self.backend)
         return mpi.all_reduce(self.backend, comm, device, arrays, groups, op)
 
     def nccl_all_reduce(self, comm: NcclComm, device: object, arrays: list[Any],
