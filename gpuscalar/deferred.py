@@ -9,8 +9,7 @@ the device's queue. Two answers, on every backend:
 - `MetricLog` keeps a ring of rows on the device. ``record(**values)`` writes a row with one
   kernel (no sync, no host-to-device copy: Python numbers are kernel arguments), inside
   `gs.capture` steps and `gs.while_loop`/`gs.cond` bodies too, since a device counter picks the
-  row. The rows reach the host late, by asynchronous copies (`gpuscalar.devices.cupy.metrics` on
-  CuPy);
+  row. The rows reach the host late, by asynchronous copies on a GPU;
   ``ready()`` hands over the rows that have arrived, never waiting; ``flush()`` waits for the
   rest (one counted sync). A row overwritten before the host drained it is counted
   (``dropped``) and reported with a `DroppedRowsWarning`, never lost silently.
@@ -22,6 +21,10 @@ host data: ``record`` is one counted device op (as its launch on a GPU), ``ready
 rows at once with no sync (a GPU's ``ready()`` costs none either: it polls copies already made;
 the strict device counts it as a GPU would), and ``flush()`` is one counted sync. Rows are
 parsed here, from a snapshot of the whole buffer, for both.
+
+The ring itself is the device's: its "metrics" executor (`Rings`, `Ring`: the CuPy wing's
+`gpuscalar.devices.cupy.metrics`, the host wing's `gpuscalar.devices.host.metrics` for NumPy and
+the strict device); this module holds the front (the checks, the layout, the rows, ``comm=``).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import ledger, sync
 from .backend import Backend
-from .devices import CUPY, backend_of, default_backend
+from .devices import backend_of, default_backend
 from .known import UNREAD, python_value, remember, value_of
 from .lazy import expr, fusion
 from .reads import known_result
@@ -304,6 +307,42 @@ def classify(value: Any, name: str, place: tuple) -> tuple[str, Any, np.dtype]:
     return "leaf", value, dtype
 
 
+class Ring(Protocol):
+    """A `MetricLog`'s ring on one device (the device's `Rings` makes it at the first record):
+    ``nbytes`` of int64 words laid out by its `RowLayout`, the row counter first."""
+
+    def record(self, values: dict[str, Any]) -> None:
+        """Write one row (the values checked by `RowLayout.items`): one counted device op, no
+        sync, no host-to-device copy; allowed in captured steps and loop bodies."""
+
+    def poll(self) -> list[np.ndarray]:
+        """Snapshots of the ring that have reached the host (never waits, no sync)."""
+
+    def drain(self) -> list[np.ndarray]:
+        """Every snapshot under way and a last one: one counted sync."""
+
+    def compute(self, func: Callable[..., Any], *args: Any) -> Any:
+        """``func(xp, state, *args)`` on the ring's int64 buffer, as an array of the ring's
+        device: one counted device op (``xp``: NumPy on host data, else the device's)."""
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A NumPy copy of an array of the ring's device: host data read in place, or one
+        counted sync (reason ``"flush"``)."""
+
+    def close(self) -> None:
+        """Wait for copies still under way and let the buffers go."""
+
+
+class Rings(Protocol):
+    """A device's ``"metrics"`` executor (`gpuscalar.backend.Backend.executor`)."""
+
+    def default_device(self) -> object:
+        """Where a log with no device value and no ``like=`` lives (the current device)."""
+
+    def ring(self, device: object, layout: RowLayout) -> Ring:
+        """A new ring of ``layout`` on ``device``, its counter zero (one counted device op)."""
+
+
 class MetricLog:
     """A ring of ``capacity`` rows on the device: ``record(**values)`` every step with no sync,
     rows read late with ``ready()`` (never waits) and ``flush()`` (one sync).
@@ -404,12 +443,12 @@ class MetricLog:
                         place = (backend, backend.device_of(value))
             if place is None:
                 backend = default_backend()
-                place = (backend, CUPY.seam.current_device() if backend is CUPY else "cpu")
+                place = (backend, _rings(backend).default_device())
             for name, value in values.items():  # every value on that device
                 classify(value, name, place)
             layout = RowLayout(tuple(values), tuple(found[2] for found in classified.values()),
                                self.capacity)
-            self._ring = _make_ring(place[0], place[1], layout)
+            self._ring = _rings(place[0]).ring(place[1], layout)
             self._layout, self._place = layout, place
             return self._ring
 
@@ -456,14 +495,9 @@ class MetricLog:
         rank, size = _rank_and_size(self._comm)
         backend, device = self._place[0], self._place[1]  # type: ignore[index]
         with backend.device_context(device):
-            if backend.evaluates_on_host:  # one device op: this ring in its slot
-                mine = backend.call(lambda: backend.from_host_data(_gather_slot(
-                    np, backend.host_data(ring.state), rank, size), ring.state))
-            else:
-                mine = backend.call(_gather_slot, backend.xp, ring.state, rank, size)
+            mine = ring.compute(_gather_slot, rank, size)  # one device op: this ring in its slot
             gathered = distributed.all_reduce(mine, "sum", comm=self._comm)
-            host = (np.asarray(backend.host_data(gathered)) if backend.evaluates_on_host
-                    else np.asarray(sync.to_host(backend, gathered, "flush")))
+            host = ring.to_host(gathered)
         words = layout.nbytes // 8
         snapshots = [host[r * words:(r + 1) * words] for r in range(size)]
         parsed = [layout.rows(snapshot, self._next) for snapshot in snapshots]
@@ -552,67 +586,18 @@ class _Closed:
     def _refuse(self, *args: Any) -> Any:
         raise RuntimeError("gs.MetricLog: this log was closed")
 
-    record = poll = drain = _refuse
+    record = poll = drain = compute = to_host = _refuse
 
     def close(self) -> None:
         pass
 
 
-def _make_ring(backend: Backend, device: object, layout: RowLayout) -> Any:
-    """The ring of ``backend``: in host data (NumPy, strict device) or on the GPU (CuPy)."""
-    if backend.evaluates_on_host:
-        return HostRing(backend, device, layout)
-    if backend is CUPY:
-        from .devices.cupy import metrics  # noqa: PLC0415 - CUDA only when on CuPy
-
-        return metrics.CudaRing(device, layout)
-    raise TypeError(f"gs.MetricLog: no ring for the {backend.name} backend")
-
-
-class HostRing:
-    """The ring on NumPy and the strict device: the GPU's layout in the backend's data;
-    writing a row is one counted device op, and a snapshot is ready at once."""
-
-    def __init__(self, backend: Backend, device: object, layout: RowLayout) -> None:
-        self.backend, self.device, self.layout = backend, device, layout
-        self._lock = threading.Lock()
-        with backend.device_context(device):
-            self.state = backend.call(backend.xp.zeros, layout.nbytes // 8, dtype=np.int64)
-
-    def record(self, values: dict[str, Any]) -> None:
-        items = self.layout.items(values, self.backend, self.device)
-        with self._lock:  # the counter's read and write: one row per record, threads included
-            self.backend.call(_write_row, self.backend, self.state, self.layout, items)
-
-    def poll(self) -> list[np.ndarray]:
-        return [np.array(self.backend.host_data(self.state))]  # (host data: no transfer)
-
-    def drain(self) -> list[np.ndarray]:
-        return [sync.to_host(self.backend, self.state, "flush")]
-
-    def close(self) -> None:
-        pass
-
-
-def _write_row(backend: Backend, state: Any, layout: RowLayout,
-               items: list[tuple[str, Any, np.dtype]]) -> None:
-    """What the record kernel does, with NumPy on the host data (one device op)."""
-    data = backend.host_data(state).view(np.uint8)
-    step = int(data[:8].view(np.int64)[0])
-    base = _SLOT + (step % layout.capacity) * layout.row_bytes
-    data_of: Callable[[Any], Any] = backend.host_data
-    for column, ((kind, payload, _), dtype) in enumerate(zip(items, layout.dtypes,
-                                                             strict=True)):
-        if kind == "value":
-            value = np.asarray(payload).astype(dtype)
-        elif kind == "leaf":
-            value = np.asarray(data_of(payload)).astype(dtype)
-        else:
-            value = expr.evaluate_on_host(payload, data_of).astype(dtype)
-        offset = base + _SLOT * (column + 1)
-        data[offset:offset + dtype.itemsize] = value.reshape(1).view(np.uint8)
-    data[base:base + 8] = np.array([step], np.int64).view(np.uint8)
-    data[:8] = np.array([step + 1], np.int64).view(np.uint8)
+def _rings(backend: Backend) -> Rings:
+    """``backend``'s "metrics" executor, or a TypeError naming the backend."""
+    try:
+        return backend.executor("metrics")
+    except LookupError:
+        raise TypeError(f"gs.MetricLog: no ring for the {backend.name} backend") from None
 
 
 # ---- gs.MetricLog(comm=): one collective per flush ----------------------------------------

@@ -319,6 +319,23 @@ def test_metric_log_arguments_and_placement_errors():
     assert "capacity 1024" in repr(log)
 
 
+def test_the_ring_is_the_devices_metrics_executor_and_a_device_without_one_is_named():
+    """`MetricLog` asks the device for its ring (the "metrics" slot): NumPy and the strict
+    device share the host wing's; a device with none is a TypeError naming it."""
+    from gpuscalar.backend import Backend
+    from gpuscalar.deferred import _rings
+    from gpuscalar.devices import NUMPY, STRICT
+
+    assert type(_rings(NUMPY)) is type(_rings(STRICT)) and _rings(NUMPY) is not _rings(STRICT)
+    assert _rings(NUMPY).default_device() == "cpu"
+
+    class Planted(Backend):
+        name = "planted"
+
+    with pytest.raises(TypeError, match="gs.MetricLog: no ring for the planted backend"):
+        _rings(Planted())
+
+
 def test_a_log_shared_by_threads_keeps_every_row():
     x = gs.strict.xp.asarray(np.arange(3.0))
     log = gs.MetricLog(capacity=4096)

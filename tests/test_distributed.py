@@ -106,6 +106,49 @@ def test_bad_ops_are_named_before_the_communicator_is_looked_at():
         gs.distributed.all_reduce(np.zeros(2), 1, comm=None)
 
 
+class _UncalledNccl:
+    """NCCL's communicator calls, none of which may run (a refusal comes first)."""
+
+    def allReduce(self, *args) -> None:  # noqa: N802 - NCCL's
+        raise AssertionError("a refused collective reached the communicator")
+
+    def size(self) -> int:
+        return 2
+
+    def device_id(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("backend", ["numpy", "strict"])
+def test_a_nccl_communicator_is_refused_by_the_host_devices(backend):
+    """The host wing's collectives (NumPy, the strict device) have no NCCL: the error names
+    the device before any check of the values or the communicator's device."""
+    xp = np if backend == "numpy" else strict.xp
+    with pytest.raises(TypeError, match=f"reduces CuPy arrays, not {backend} ones"):
+        gs.distributed.all_reduce([gs.asscalar(xp.asarray(1.0)), xp.ones(2, np.int16)],
+                                  "prod", comm=_UncalledNccl())
+
+
+def test_a_device_without_collectives_is_named(monkeypatch):
+    """A device of its own with no "collectives" executor: the error names it (NCCL's here;
+    MPI's would initialize MPI in pytest's process)."""
+    from gpuscalar import devices
+    from gpuscalar.backend import Backend
+
+    class PlantedArray(np.ndarray):
+        pass
+
+    class Planted(Backend):
+        name = "planted"
+
+        def owns(self, value):
+            return type(value) is PlantedArray
+
+    monkeypatch.setattr(devices, "BACKENDS", [Planted(), *devices.BACKENDS])
+    with pytest.raises(TypeError, match="reduces CuPy arrays, not planted ones"):
+        gs.distributed.all_reduce(np.ones(2).view(PlantedArray), comm=_UncalledNccl())
+
+
 def test_result_dtypes_follow_numpy():
     from gpuscalar.distributed import buffer_dtype, result_dtype
 

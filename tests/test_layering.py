@@ -18,7 +18,8 @@ FEATURE_MODULES = ("scalar.py", "math.py", "operators.py", "arrays.py", "reduce.
                    "optim/adam.py", "optim/sgd.py", "optim/rmsprop.py", "optim/lion.py",
                    "optim/base.py", "optim/clip.py", "matmul.py", "linalg/_system.py",
                    "sparse.py", "control.py", "bodies.py", "capture.py", "lazy/fusion.py",
-                   "optim/executors.py")
+                   "optim/executors.py", "deferred.py", "distributed/__init__.py",
+                   "distributed/mpi.py", "distributed/nccl.py", "distributed/packing.py")
 BACKEND_NAMES = {"CUPY", "NUMPY"}
 
 
@@ -133,8 +134,6 @@ WING_ROOTS = {"host": "gpuscalar.devices.host.backend", "strict": "gpuscalar.dev
 WING_IMPORTS_OUTSIDE = {
     # the public module `gs.strict`: re-exports the strict device's public names (stays)
     ("gpuscalar.strict", "gpuscalar.devices.strict.device"),
-    # to move in phase 2: a feature front that picks a wing's code itself
-    ("gpuscalar.deferred", "gpuscalar.devices.cupy.metrics"),
 }
 
 

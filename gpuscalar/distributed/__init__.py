@@ -26,6 +26,12 @@ collective meets the sync accounting:
   on the current stream, in place in the packed buffer: no sync at all, and allowed inside a
   `gs.capture` step; results are read later as any GPUScalar (one counted sync at first read).
 
+This package is the front (arguments, structure, ops, packing, the user's communicator
+recognised and wrapped: `gpuscalar.distributed.mpi`, `gpuscalar.distributed.nccl`); the
+collective itself is the device's "collectives" executor (`Collectives`): NCCL and MPI over
+device memory in the CuPy wing (`gpuscalar.devices.cupy.collectives`), MPI on host data in the
+host wing (`gpuscalar.devices.host.collectives`, for NumPy and the strict device).
+
 A collective inside a `gs.while_loop`/`gs.cond` body is refused (NCCL cannot run inside CUDA
 conditional graph nodes), and so is an MPI one inside a `gs.capture` step (a host call no graph
 keeps); docs/distributed.md shows the chunked form.
@@ -34,7 +40,9 @@ keeps); docs/distributed.md shows the chunked form.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from .. import ledger, sync
 from ..backend import Backend
@@ -43,6 +51,9 @@ from ..known import remember
 from ..scalar import GPUScalar, _wrap
 from .nccl import NcclComm, is_nccl_communicator
 from .packing import buffer_dtype, result_dtype
+
+if TYPE_CHECKING:
+    from .mpi import MpiComm
 
 __all__ = ["all_reduce", "OPS", "buffer_dtype", "result_dtype"]
 
@@ -59,6 +70,30 @@ BODY_MESSAGE = (
     "neither a conditional node nor a captured graph can hold); run k iterations in a captured "
     "block, then one all_reduce and one check per block (the chunked form, docs/distributed.md)"
 )
+
+
+class Collectives(Protocol):
+    """A device's ``"collectives"`` executor (`gpuscalar.backend.Backend.executor`): the
+    collective on values of that device, for a wrapped communicator (`wrap_comm`). Each returns
+    the reduced arrays (new arrays of the device, or pending GPUScalars where nothing waits
+    yet) and their host values (a Python number or NumPy array each, None where not read)."""
+
+    def mpi_all_reduce(self, comm: MpiComm, device: object, arrays: list[Any],
+                       groups: dict[np.dtype, list[int]], op: str
+                       ) -> tuple[list[Any], list[Any]]:
+        """MPI, ``arrays`` packed one buffer per dtype of ``groups`` (buffer dtype -> the
+        positions of its values, checked by the front): on host data, or a counted sync then
+        MPI on device memory."""
+
+    def nccl_all_reduce(self, comm: NcclComm, device: object, arrays: list[Any],
+                        op: str) -> tuple[list[Any], list[Any]]:
+        """NCCL on the current stream, no sync (``comm.plan`` checks and packs first); a
+        device without NCCL raises ``comm.refused(backend)``."""
+
+
+#: each device's "collectives" executor, once found (`all_reduce` runs every step: the slot's
+#: lookup is off its path); one entry per backend that has one
+_COLLECTIVES: dict[Backend, Collectives] = {}
 
 
 def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
@@ -107,7 +142,13 @@ def all_reduce(values: Any, op: str = "sum", *, comm: Any) -> Any:
             raise TypeError(f"gs.distributed.all_reduce: op={op!r} of complex values "
                             f"({_where(index, structure)} is {array.dtype}): complex numbers "
                             "are not ordered")
-    reduced, host = communicator.all_reduce(backend, device, arrays, op)
+    collectives = _COLLECTIVES.get(backend)
+    if collectives is None:
+        try:
+            collectives = _COLLECTIVES[backend] = backend.executor("collectives")
+        except LookupError:
+            raise communicator.refused(backend) from None
+    reduced, host = communicator.all_reduce(collectives, device, arrays, op)
     results: list[Any] = []
     for item, array, value in zip(items, reduced, host, strict=True):
         if isinstance(array, GPUScalar):  # pending already (host MPI: a non-blocking collective)

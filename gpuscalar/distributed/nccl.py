@@ -1,4 +1,4 @@
-"""`all_reduce` over a NCCL communicator: stream-ordered on the device, no sync.
+"""`all_reduce` over a NCCL communicator: the front (recognising it, checking the values).
 
 Why this module exists: on GPUs the collective belongs on the stream, like a kernel: NCCL
 enqueues it on CuPy's current stream and returns at once, so the results are GPUScalars and
@@ -10,7 +10,9 @@ stream)`` on device pointers, ``size()``, ``device_id()``), or NVIDIA's nccl4py
 ``nccl.core.Communicator`` (``allreduce(sendbuf, recvbuf, op, stream=)`` on buffers: the packed
 CuPy array itself); gpuscalar never creates one, and never imports ``cupy.cuda.nccl`` or
 nccl4py (which load libnccl): NCCL's datatype and op numbers are its stable ``nccl.h`` enums,
-below.
+below. The collective itself is the device's ("collectives" executor,
+`gpuscalar.distributed.Collectives`: `gpuscalar.devices.cupy.collectives` on CuPy; the host
+devices refuse it).
 
 NCCL has no complex and no 16-bit integer datatypes: complex values are reduced as pairs of
 reals (sum and mean; a complex product or ordering is refused), int16/uint16 are refused.
@@ -18,13 +20,15 @@ reals (sum and mean; a complex product or ordering is refused), int16/uint16 are
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..backend import Backend
-from ..devices import CUPY
-from .packing import buffer_dtype, pack, unpack
+from .packing import buffer_dtype
+
+if TYPE_CHECKING:
+    from . import Collectives
 
 __all__ = ["NcclComm", "NCCL_TYPES", "NCCL_OPS", "is_nccl_communicator",
            "is_nccl4py_communicator"]
@@ -73,13 +77,24 @@ class NcclComm:
             self.size = int(comm.size())
             self.device_id = int(comm.device_id())
 
-    def all_reduce(self, backend: Backend, device: object, arrays: list[Any],
+    def all_reduce(self, collectives: Collectives, device: object, arrays: list[Any],
                    op: str) -> tuple[list[Any], list[Any]]:
-        """The reduced ``arrays`` as new CuPy arrays, the collective enqueued on the current
-        stream (no sync; their host values are not known: None each)."""
-        if backend is not CUPY:
-            raise TypeError(f"gs.distributed.all_reduce: a NCCL communicator reduces CuPy "
-                            f"arrays, not {backend.name} ones (use an mpi4py communicator)")
+        """The reduced ``arrays`` by the device's ``collectives``: new arrays of the device,
+        the collective enqueued on the current stream (no sync; their host values are not
+        known: None each)."""
+        return collectives.nccl_all_reduce(self, device, arrays, op)
+
+    def refused(self, backend: Backend) -> TypeError:
+        """The error for values of a device that has no NCCL (no collectives, or collectives
+        that refuse NCCL)."""
+        return TypeError(f"gs.distributed.all_reduce: a NCCL communicator reduces CuPy "
+                         f"arrays, not {backend.name} ones (use an mpi4py communicator)")
+
+    def plan(self, device: object, arrays: list[Any], op: str
+             ) -> tuple[dict[np.dtype, list[int]], list[tuple[int, int]], int]:
+        """The checks made before anything is sent (the values on the communicator's device,
+        dtypes NCCL has) and the packing: the buffers' dtype groups (value positions), each
+        buffer's (NCCL datatype, NCCL elements per value), NCCL's op."""
         own = self.device_id
         if own != device:
             raise ValueError(f"gs.distributed.all_reduce: the values are on CUDA device "
@@ -87,21 +102,7 @@ class NcclComm:
         groups: dict[np.dtype, list[int]] = {}
         for index, array in enumerate(arrays):
             groups.setdefault(buffer_dtype(array.dtype, op), []).append(index)
-        kinds = [_nccl_kind(dtype, op) for dtype in groups]
-        nccl_op = NCCL_OPS[op]
-        with backend.device_context(device):
-            buffers = backend.call(pack, backend.xp, arrays, groups)  # one device op
-            stream = CUPY.seam.current_stream()
-            for buffer, (nccl_type, per_element) in zip(buffers, kinds, strict=True):
-                if self.on_buffers:  # nccl4py: complex as pairs of reals, by a real view
-                    reals = buffer if per_element == 1 else buffer.view(buffer.dtype.char.lower())
-                    backend.call(self.comm.allreduce, reals, reals, nccl_op, stream=stream.ptr)
-                    continue
-                address = backend.data_address(buffer)
-                backend.call(self.comm.allReduce, address, address, buffer.size * per_element,
-                             nccl_type, nccl_op, stream.ptr)  # in place, on the stream
-            results = backend.call(unpack, backend.xp, buffers, groups, arrays, op, self.size)
-        return results, [None] * len(arrays)
+        return groups, [_nccl_kind(dtype, op) for dtype in groups], NCCL_OPS[op]
 
 
 def _nccl_kind(dtype: np.dtype, op: str) -> tuple[int, int]:

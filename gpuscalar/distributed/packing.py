@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..backend import Backend
+from ..known import python_value
 
-__all__ = ["result_dtype", "buffer_dtype", "pack", "join", "split", "finish", "own", "unpack"]
+__all__ = ["result_dtype", "buffer_dtype", "pack", "join", "split", "finish", "results_on_host",
+           "own", "unpack"]
 
 
 def result_dtype(dtype: np.dtype, op: str) -> np.dtype:
@@ -71,6 +73,15 @@ def finish(xp: Any, flat: Any, like: Any, op: str, size: int) -> Any:
         scale = np.dtype(dtype.char.lower()).type(size) if dtype.kind == "c" else dtype.type(size)
         value = xp.divide(value, scale)
     return value
+
+
+def results_on_host(host: np.ndarray, groups: dict[np.dtype, list[int]], arrays: list[Any],
+                    op: str, size: int) -> tuple[list[np.ndarray], list[Any]]:
+    """From the host copy of the reduced buffers (`join`'s bytes): each value's result as a
+    NumPy array (`finish`), and its host value (a Python number for a 0-d one)."""
+    reduced = split(host, groups, [a.size for a in arrays])
+    values = [finish(np, reduced[i], arrays[i], op, size) for i in range(len(arrays))]
+    return values, [python_value(v) if v.ndim == 0 else v for v in values]
 
 
 def own(backend: Backend, values: list[np.ndarray], arrays: list[Any]) -> list[Any]:

@@ -254,7 +254,7 @@ class CupyBackend(Backend):
     supports_signature = False
     ufunc_keywords = CUPY_UFUNC_KEYWORDS
     #: `Backend.executors`: cuBLAS and CSR products, conditional nodes, CUDA graphs, fused
-    #: scalar kernels, optimizer step kernels
+    #: scalar kernels, optimizer step kernels, the metrics ring, NCCL and MPI collectives
     executors = {
         "blas": "gpuscalar.devices.cupy.linalg:CupyBlas",
         "sparse": "gpuscalar.devices.cupy.products:CupySparse",
@@ -262,6 +262,8 @@ class CupyBackend(Backend):
         "graphs": "gpuscalar.devices.cupy.graphs:CudaGraphs",
         "scalars": "gpuscalar.devices.cupy.fusion:CupyExecutor",
         "steps": "gpuscalar.devices.cupy.steps:CudaExecutor",
+        "metrics": "gpuscalar.devices.cupy.metrics:CudaRings",
+        "collectives": "gpuscalar.devices.cupy.collectives:CudaCollectives",
     }
 
     def __init__(self) -> None:

@@ -2,7 +2,8 @@
 
 Why this module exists: a metric log is only worth having if recording costs the loop nothing
 (no sync, no upload, a host cost below one CuPy ufunc call) and reading costs it no stall.
-Here, for CuPy (every CUDA call through `gpuscalar.devices.cupy.backend.CudaSeam`):
+Here, for CuPy, the device's "metrics" executor (`CudaRings`, a `gpuscalar.deferred.Rings`;
+every CUDA call through `gpuscalar.devices.cupy.backend.CudaSeam`):
 
 - **record**: ONE launch of a cached ``RawKernel`` generated per column kinds (a number by
   value, a 0-d array by pointer, a pending GPUScalar computed in the kernel from its leaves, as
@@ -33,7 +34,7 @@ import collections
 import hashlib
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,9 +42,12 @@ from ... import sync
 from ...lazy import codegen, expr, fusion
 from ...lazy.expr import KEY
 from ...scalar import GPUScalar
-from .backend import CUPY
+from .backend import CUPY, CupyBackend
 
-__all__ = ["CudaRing", "record_source", "RECORD_PREFIX", "C_NAMES"]
+if TYPE_CHECKING:
+    from ...deferred import RowLayout
+
+__all__ = ["CudaRings", "CudaRing", "record_source", "RECORD_PREFIX", "C_NAMES"]
 
 #: Every record kernel's name starts with this.
 RECORD_PREFIX = "gpuscalar_record_"
@@ -134,10 +138,23 @@ class _Transfer:
         self.taken, self.copied = seam.new_event(), seam.new_event()
 
 
+class CudaRings:
+    """The CuPy device's "metrics" executor (`gpuscalar.deferred.Rings`)."""
+
+    def __init__(self, backend: CupyBackend) -> None:
+        self.backend = backend
+
+    def default_device(self) -> object:
+        return self.backend.seam.current_device()
+
+    def ring(self, device: object, layout: RowLayout) -> CudaRing:
+        return CudaRing(device, layout)
+
+
 class CudaRing:
     """A `gs.MetricLog`'s ring on a CUDA device (see the module docstring)."""
 
-    def __init__(self, device: object, layout: Any) -> None:
+    def __init__(self, device: object, layout: RowLayout) -> None:
         seam = self.seam = CUPY.seam
         self.device, self.layout = device, layout
         self.names = layout.names
@@ -285,6 +302,12 @@ class CudaRing:
                 done.append(np.array(transfer.host))
                 self._free.append(transfer)
         return [*done, np.asarray(last)]
+
+    def compute(self, func: Callable[..., Any], *args: Any) -> Any:
+        return CUPY.call(func, CUPY.xp, self.state, *args)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return np.asarray(sync.to_host(CUPY, array, "flush"))
 
     def _not_capturing(self, what: str) -> None:
         if self.seam.current_stream().is_capturing():

@@ -40,6 +40,8 @@ class NumpyBackend(Backend):
         "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
         "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
         "steps": "gpuscalar.devices.host.steps:numpy_steps",
+        "metrics": "gpuscalar.devices.host.metrics:HostRings",
+        "collectives": "gpuscalar.devices.host.collectives:HostCollectives",
     }
 
     def owns(self, value: object) -> bool:

@@ -721,6 +721,8 @@ class StrictBackend(Backend):
         "graphs": "gpuscalar.devices.host.graphs:HostGraphs",
         "scalars": "gpuscalar.devices.host.fusion:HostExecutor",
         "steps": "gpuscalar.devices.host.steps:strict_steps",
+        "metrics": "gpuscalar.devices.host.metrics:HostRings",
+        "collectives": "gpuscalar.devices.host.collectives:HostCollectives",
     }
 
     @property
