@@ -113,7 +113,7 @@ def expect(array: Any, wait: Any) -> None:
 def arrive(array: Any) -> None:
     """Wait for ``array`` if it is still being written (see `INCOMING`). The entry is dropped
     only once the wait returned, so a second thread using the array meanwhile waits too (the
-    wait function must allow that: `gpuscalar.distributed.mpi`'s is locked)."""
+    wait function must allow that: `gpuscalar.devices.host.mpi`'s is locked)."""
     entry = INCOMING.get(id(array))
     if entry is not None and entry[0]() is array:
         entry[1]()

@@ -113,7 +113,7 @@ def test_every_thread_using_an_incoming_array_waits_for_it():
     done = threading.Event()
     lock = threading.Lock()
 
-    def wait() -> None:  # as gpuscalar.distributed.mpi's: locked, completes once
+    def wait() -> None:  # as gpuscalar.devices.host.mpi's: locked, completes once
         with lock:
             if not done.is_set():
                 done.wait(0.2)

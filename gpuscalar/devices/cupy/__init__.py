@@ -9,7 +9,9 @@ only for a CUDA GPU, most of them a feature's executor (`Backend.executors`): `g
 ctypes binding to the libcublas CuPy uses, and its handle pool), `products` (``"sparse"``, and
 the dot and CSR kernels recordable in a graph), `fusion` (``"scalars"``: pending expressions
 as generated ElementwiseKernels, their bounded caches, the fold's fast path), `steps`
-(``"steps"``: the optimizers' generated kernels in one bounded cache) and `metrics`
-(`gs.MetricLog`'s record kernel and asynchronous copies). Importing this package imports none
-of them (nor CuPy): the registry (`gpuscalar.devices`) imports `backend` only.
+(``"steps"``: the optimizers' generated kernels in one bounded cache), `metrics`
+(``"metrics"``: `gs.MetricLog`'s record kernel and asynchronous copies) and `collectives`
+(``"collectives"``: NCCL on the current stream) over `mpi` (MPI over device memory).
+Importing this package imports none of them (nor CuPy): the registry (`gpuscalar.devices`)
+imports `backend` only.
 """
