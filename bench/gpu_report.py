@@ -141,13 +141,13 @@ GPU_TESTS_ONLY = ("-k", "cupy or cuda or gpu or nccl")
 
 def sections_for(tests: str) -> tuple[Section, ...]:
     """SECTIONS, with the test section narrowed to the GPU's own tests for ``tests == "gpu"``:
-    a lent GPU's minutes go to what CI cannot run (xdist's ``-n 8`` and pytest-timeout's
+    a lent GPU's minutes go to what CI cannot run (xdist's ``-n 12`` and pytest-timeout's
     per-test limit where those plugins are installed, so one hang costs one test)."""
     if tests == "all":
         return SECTIONS
     extra: tuple[str, ...] = GPU_TESTS_ONLY
     if importlib.util.find_spec("xdist") is not None:
-        extra += ("-n", "8")
+        extra += ("-n", "12")  # 16 cores on the lent machines: ~2,000 tests in ~3 min
     if importlib.util.find_spec("pytest_timeout") is not None:
         extra += ("--timeout", "120")
     return tuple(Section(s.name, s.title + " (GPU tests only)", (*s.argv, *extra), s.budget_s,
@@ -378,7 +378,7 @@ def _parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace
     parser.add_argument("--tests", choices=("all", "gpu"), default="all",
                         help="the test section runs the whole suite (all), or only the tests "
                              "that CI skips or fakes for want of a GPU (gpu: -k 'cupy or cuda "
-                             "or gpu or nccl', spread over 8 processes with pytest-xdist where "
+                             "or gpu or nccl', spread over 12 processes with pytest-xdist where "
                              "installed)")
     return parser, parser.parse_args(argv)
 

@@ -199,7 +199,7 @@ def test_tests_gpu_narrows_the_test_section_to_what_ci_cannot_run(monkeypatch):
         assert narrowed[:-1] == gpu_report.SECTIONS[:-1]
         extra = narrowed[-1].argv[len(gpu_report.SECTIONS[-1].argv):]
         assert extra[:2] == gpu_report.GPU_TESTS_ONLY
-        assert (("-n", "8", "--timeout", "120") if present else ()) == extra[2:]
+        assert (("-n", "12", "--timeout", "120") if present else ()) == extra[2:]
         assert narrowed[-1].name == "tests" and narrowed[-1].interrupt
 
 
