@@ -93,17 +93,17 @@ def pytest_counts(output: str) -> dict[str, int]:
 _THIS = str(Path(__file__).resolve())
 
 #: In running order: the measurements first, then the test suite with all the time left (at
-#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more). The budgets (215 s
+#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more). The budgets (200 s
 #: in all) favour the sections that compile many kernels cold (NVRTC: fused Adam and the
 #: optimizer table) and import PyTorch (the capture comparison, seven versions of the loop);
 #: the overhead and demo sections run a few thousand small ops.
 SECTIONS: tuple[Section, ...] = (
     Section("environment", "Environment",
-            _python(_THIS, "--section", "environment", "--json", "{json}"), 20, True),
+            _python(_THIS, "--section", "environment", "--json", "{json}"), 10, True),
     Section("syncs", "Sync table of each workload's gpuscalar path (CuPy, include_cupy=True)",
-            _python(_THIS, "--section", "syncs", "--json", "{json}"), 20, True),
+            _python(_THIS, "--section", "syncs", "--json", "{json}"), 15, True),
     Section("bench", "gpuscalar bench --backend cupy",
-            _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 50,
+            _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 35,
             True),
     Section("adam", "Fused Adam bandwidth and the optimizer table (bench/gpu_adam.py)",
             _python("bench/gpu_adam.py", "--json", "{json}"), 50, True),
@@ -119,6 +119,9 @@ SECTIONS: tuple[Section, ...] = (
             "(bench/gpu_control.py)",
             _python("bench/gpu_control.py", "--json", "{json}"), 15, True,
             requires="bench/gpu_control.py"),
+    Section("nccl", "0-d all_reduce on one GPU, eager and captured (bench/gpu_nccl.py)",
+            _python("bench/gpu_nccl.py", "--json", "{json}"), 15, True,
+            requires="bench/gpu_nccl.py"),
     Section("tests", "The whole test suite (python -m pytest -q)",
             _python("-m", "pytest", "-q", "-p", "no:cacheprovider"), TOTAL_BUDGET_S,
             parse=pytest_counts, interrupt=True),

@@ -442,3 +442,48 @@ def test_a_real_nccl_collective_is_recorded_into_a_captured_step():
     assert counter.count == 0
     assert cupy.asnumpy(g).tolist() == [8.0, 8.0, 8.0]
     captured.release()
+
+
+@pytest.mark.needs_cupy
+def test_the_nccl_latency_benchmark_runs_on_the_fake_device_with_no_sync():
+    """bench/gpu_nccl.py's measurement, run over CuPy's dispatch on fake memory with the
+    recording communicator: every loop runs, the collective makes no sync, and the captured
+    loops replay their graphs (the figures themselves need a GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_nccl", Path(__file__).resolve().parent.parent / "bench" / "gpu_nccl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cupy_or_fail()
+    refuse_on_a_gpu()
+    from .cupy_fake import fake_memory
+    from .cupy_seam import recording
+
+    with fake_memory() as memory, recording(memory) as seam:
+        comm = RecordingNccl(memory, ranks=1)
+        loss = seam.array(np.asarray(1.0))
+        half, one = (gs.asscalar(v, like=loss) for v in (0.5, 1.0))  # (no upload in a step)
+        result = bench.measure(loss, half, one, comm, steps=20, repeats=1)
+        assert result["syncs_per_collective"] == 0 and result["steps"] == 20
+        assert all(result[key] > 0 for key in ("eager_s_per_step", "captured_s_per_step",
+                                                "captured_without_s_per_step"))
+        assert seam.graph_launches == 2 * 2 * (20 // bench.CHUNK)  # two loops, 2 runs each
+        assert "the collective in a graph" in bench.report(result)
+
+
+def test_the_nccl_latency_benchmark_says_so_without_a_gpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if gs.gpu_available():
+        pytest.skip("a GPU is present: the benchmark measures")
+    out = tmp_path / "nccl.json"
+    script = Path(__file__).resolve().parent.parent / "bench" / "gpu_nccl.py"
+    done = subprocess.run([sys.executable, str(script), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "nothing was measured" in done.stdout
+    assert json.loads(out.read_text()) == {"measured": False, "reason": "no CUDA GPU"}
