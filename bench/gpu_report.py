@@ -8,8 +8,11 @@ date), `gpuscalar bench --backend cupy`, fused Adam's bandwidth and the multi-te
 table (`bench/gpu_adam.py`), per-op overhead and the idle read latency on CuPy
 (`bench/overhead.py`), the demo, the sync table of every workload's gpuscalar path under
 ``count_syncs(include_cupy=True)`` (each must read only what it states it needs), the captured
-training loop against PyTorch's CUDA graph (`bench/gpu_capture.py`, when present) and the whole
-test suite (its pass/fail/skip counts). It writes ``DIR/report.md`` and ``DIR/report.json``.
+training loop against PyTorch's CUDA graph (`bench/gpu_capture.py`, when present), the CG solve
+as one loop (`bench/gpu_control.py`), a 0-d NCCL all-reduce eager and captured
+(`bench/gpu_nccl.py`) and the whole test suite (its pass/fail/skip counts; ``--tests gpu``: the
+GPU's own tests only). It writes ``DIR/report.md`` and ``DIR/report.json``, and each section's
+whole output beside them (``DIR/<section>.log``).
 Adding a section is one entry in ``SECTIONS``.
 
 Each section runs in a subprocess with its own time limit, under one overall deadline, so a crash
