@@ -21,7 +21,8 @@ from ..backend import Backend
 from ..devices import backend_of
 from ..scalar import GPUScalar
 from .executors import _read_only, executor_for
-from .kernels import KERNEL_DTYPE_NAMES, POINTER_DTYPE_NAMES
+from .kernels import KERNEL_DTYPE_NAMES
+from .program import POINTER_KINDS
 
 __all__ = ["check_array", "check_like", "step_arrays", "check_writeable", "check_skip", "hyper",
            "describe", "betas_pair", "first_overlap", "byte_span"]
@@ -107,7 +108,7 @@ def hyper(
             )
         if backend.multi_device and value.device != device:
             raise ValueError(f"{name} is on device {value.device!r} but the arrays on {device!r}")
-        if value.dtype.kind not in "fiu" or value.dtype not in POINTER_DTYPE_NAMES:
+        if value.dtype.kind not in "fiu" or value.dtype not in POINTER_KINDS:
             raise TypeError(
                 f"{name} must be a real number, got a GPUScalar of dtype {value.dtype} (the "
                 "kernels read float32/float64/int32/int64/uint32/uint64 scalars)"

@@ -18,7 +18,9 @@ How a kernel receives each scalar (the learning rate, betas, the step, ``skip_if
 decided in one place, `route`: a Python number by value, a GPUScalar through a pointer to its
 0-d array, a pending GPUScalar expression computed in the kernel's prelude (one code generator,
 `gpuscalar.lazy.codegen`, serves these preludes and the fused scalar kernels), the optimizer's
-live step counter through a pointer with the arithmetic inlined.
+live step counter through a pointer with the arithmetic inlined. Each way is a small class,
+a `gpuscalar.optim.program.ScalarKind`, that the consumers ask (its kernel code, its launch
+arguments, its host value) instead of switching on it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ import numpy as np
 from ..backend import Backend
 from ..lazy import expr
 from ..scalar import GPUScalar, _array_of, _node_of
-from .kernels import POINTER_DTYPE_NAMES
-from .program import VALUE, CounterRead, Program, ScalarKind
+from .program import POINTER_KINDS, VALUE, CounterRead, PendingScalar, Program, ScalarKind
 
 
 class Group(Protocol):
@@ -142,7 +143,9 @@ def executor_for(backend: Backend) -> Executor:
 
 
 def route(value: Any) -> Routed:
-    """THE one place that decides how a fused kernel receives a scalar: ``(kind, leaves)``.
+    """THE one place that decides how a fused kernel receives a scalar: ``(kind, leaves)``, the
+    kind a `gpuscalar.optim.program.ScalarKind` (`ValueScalar`, `PointerScalar`, `CounterScalar`
+    or `PendingScalar`), the leaves its runtime arguments.
 
     ``value`` is a Python number, a GPUScalar, or a `CounterRead`; it is already validated.
     A pending GPUScalar is computed by the kernel itself, in its prelude: no launch of its own
@@ -153,11 +156,11 @@ def route(value: Any) -> Routed:
         if node is not None:
             plan = expr.plan_of(node)
             if executor_for(value.backend).fuses(plan):
-                return ("pending", plan.key), tuple(expr.leaves_of(node))
+                return PendingScalar(plan.key), tuple(expr.leaves_of(node))
         array = _array_of(value)  # CuPy cannot compute it in the kernel: one launch first
-        return ("pointer", POINTER_DTYPE_NAMES[array.dtype]), (array,)
+        return POINTER_KINDS[array.dtype], (array,)
     if type(value) is CounterRead:
-        return ("counter", value.read), (value.array,)
+        return value.kind, (value.array,)
     return VALUE, (value,)
 
 

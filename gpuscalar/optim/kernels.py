@@ -4,7 +4,9 @@ Why this module exists: a `Program`'s rules become a CUDA kernel here, and only 
 (program, dtype, scalar kinds, skip kind, layout); the compiled kernels are cached by that
 variant in ONE bounded cache (`gpuscalar.devices.cupy.steps`), not the texts. The kernel text is
 part of the contract (the NVRTC tests compile every variant; bench and the launch emulator run
-it), so the generator is kept free of anything a step decides at run time: it maps kinds to code.
+it; tests/test_optim_kernel_texts.py holds every variant's bytes), so the generator is kept free
+of anything a step decides at run time: each scalar's kind declares itself
+(`ScalarKind.declaration`, `gpuscalar.optim.program`), and this module lays out the kernel.
 
 Kernels come in two layouts. The functional steps (`adam_step`, `sgd_step`, ...) update one
 tensor with a grid-stride loop. The optimizer classes update the arrays the user passed, in
@@ -18,21 +20,26 @@ addresses in its own arguments (see `gpuscalar.optim.multi_tensor`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from ..lazy import codegen, expr
-from .program import COUNTER_READS, VALUE, Program, ScalarKind
+from ..lazy import codegen
+from .program import (  # POINTER_CTYPES: the pointer kind's table, importable here as before
+    POINTER_CTYPES,
+    VALUE,
+    PointerScalar,
+    Program,
+    ScalarCode,
+    ScalarKind,
+)
 
 __all__ = [
     "KERNEL_DTYPES",
     "POINTER_CTYPES",
     "KERNEL_DTYPE_NAMES",
-    "POINTER_DTYPE_NAMES",
     "MULTI_TENSOR_CHUNK",
     "MULTI_TENSOR_BLOCK",
     "MULTI_TENSOR_ILP",
@@ -42,24 +49,12 @@ __all__ = [
     "kernel_source",
     "counter_source",
     "address_table_source",
-    "kernel_arguments",
 ]
 
 #: dtypes the fused kernels are generated for (NumPy name -> C type).
 KERNEL_DTYPES: dict[str, str] = {"float32": "float", "float64": "double"}
-#: C type of a scalar read through a pointer, by the 0-d array's dtype.
-POINTER_CTYPES: dict[str, str] = {
-    "float32": "float",
-    "float64": "double",
-    "int32": "int",
-    "int64": "long long",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
-    "bool": "bool",
-}
-#: The same tables by dtype (``dtype.name`` is a slow property on a per-step path).
+#: The same table by dtype (``dtype.name`` is a slow property on a per-step path).
 KERNEL_DTYPE_NAMES = {np.dtype(name): name for name in KERNEL_DTYPES}
-POINTER_DTYPE_NAMES = {np.dtype(name): name for name in POINTER_CTYPES}
 
 #: Multi-tensor kernels: elements per block (a chunk of one tensor), threads per block, and
 #: elements each thread loads before computing (memory-level parallelism).
@@ -77,61 +72,25 @@ ADDRESS_STRUCT = np.dtype([("address", np.int64, (ADDRESS_CHUNK,))])
 ADDRESS_BLOCK = 128
 
 
-def kernel_arguments(kind: ScalarKind, leaves: tuple[Any, ...], ctype: type) -> tuple:
-    """A scalar's kernel arguments, in the order `_scalar_declaration` declares them; ``ctype``
-    is the NumPy scalar type of the kernel's T (a by-value number is converted to it)."""
-    if kind[0] == "value":
-        return (ctype(leaves[0]),)
-    return leaves
-
-
-@dataclass(frozen=True)
-class _ScalarCode:
-    """How a kernel declares one scalar: its parameters, the prelude statements that end by
-    defining the scalar's name, and any preamble code they need (emitted once, before the
-    kernel, in first-use order)."""
-
-    params: tuple[str, ...]
-    statements: tuple[str, ...]
-    preambles: tuple[str, ...] = ()
-
-
-def _preambles(codes: Sequence[_ScalarCode]) -> list[str]:
+def _preambles(codes: Sequence[ScalarCode]) -> list[str]:
     """The preambles the scalars' code needs, each once, in first-use order."""
     return list(dict.fromkeys(p for code in codes for p in code.preambles))
 
 
-def _scalar_declaration(name: str, kind: ScalarKind, ctype: str = "T") -> _ScalarCode:
-    """The code that gives a kernel scalar ``name`` (of C type ``ctype``) of ``kind``. Every
-    identifier it adds starts with ``name``."""
-    tag = kind[0]
-    if tag == "value":
-        return _ScalarCode((f"const T {name}_val",),
-                           (f"const {ctype} {name} = ({ctype})({name}_val);",))
-    if tag == "pointer":
-        return _ScalarCode((f"const {POINTER_CTYPES[kind[1]]}* __restrict__ {name}_ptr",),
-                           (f"const {ctype} {name} = ({ctype})(*{name}_ptr);",))
-    if tag == "counter":
-        read = codegen.c_source(COUNTER_READS[kind[1]], {"counter": f"(*{name}_ptr)"})
-        return _ScalarCode((f"const long long* __restrict__ {name}_ptr",),
-                           (f"const {ctype} {name} = ({ctype})({read});",))
-    if tag == "pending":  # the expression's own code (gpuscalar.codegen), then the cast to T
-        code = codegen.plan_code(expr.plan_for_key(kind[1]), f"{name}_")
-        return _ScalarCode(
-            tuple(codegen.raw_kernel_params(code)),
-            (*code.statements, f"const {ctype} {name} = ({ctype})({code.value});"),
-            (codegen.cupy_headers(), *code.preambles),
-        )
-    raise ValueError(f"unknown scalar kind {kind!r}")
-
-
 def _normalized_kind(kind: Any) -> ScalarKind:
-    """Shorthands accepted by `kernel_source`: None (by value), a dtype name (pointer)."""
+    """Shorthands accepted by `kernel_source`: None (by value), a dtype name (pointer), a kind's
+    plain tuple (``("counter", "step")``)."""
     if kind is None:
         return VALUE
     if isinstance(kind, str):
-        return ("pointer", kind)
-    return tuple(kind)
+        return PointerScalar(kind)
+    if isinstance(kind, ScalarKind):
+        return kind
+    return ScalarKind.of(tuple(kind))
+
+
+#: ``skip=True``'s kind: a ``const bool*``.
+_BOOL_POINTER = PointerScalar("bool")
 
 
 @cache
@@ -152,8 +111,8 @@ def kernel_source(
 
     ``scalar_kinds`` gives, per scalar in ``program.scalars``, how the kernel receives it: None
     (a plain value of the arrays' type), the NumPy dtype name of the 0-d device array it is read
-    from through a pointer, or a full kind (see `gpuscalar.optim.program`, e.g.
-    ``("counter", "step")``).
+    from through a pointer, or a kind (a `gpuscalar.optim.program.ScalarKind`, as `route` gives
+    it, e.g. ``CounterScalar("step")``, or its plain tuple ``("counter", "step")``).
     ``skip``: None or False for no skip flag, True for a ``const bool*``, or a kind; when it
     reads true the kernel returns before touching anything.
 
@@ -169,7 +128,7 @@ def kernel_source(
     if skip is None or skip is False:
         skip_kind = None
     else:
-        skip_kind = ("pointer", "bool") if skip is True else _normalized_kind(skip)
+        skip_kind = _BOOL_POINTER if skip is True else _normalized_kind(skip)
     return _kernel_source(program, dtype, kinds, skip_kind, multi_tensor)
 
 
@@ -193,14 +152,13 @@ def _kernel_source(  # not cached: the compiled kernel is (`cupy.steps._STEP_KER
     else:
         params = ["const long long n"]
         params += [f"{qualifier(name)}T* __restrict__ {name}_p" for name in program.arrays]
-    codes = [_scalar_declaration(name, kind)
-             for name, kind in zip(program.scalars, kinds, strict=True)]
+    codes = [kind.declaration(name) for name, kind in zip(program.scalars, kinds, strict=True)]
     prelude: list[str] = []
     for code in codes:
         params += code.params
         prelude += code.statements
     if skip is not None:  # the flag is read first: a skipped step reads nothing else
-        skip_code = _scalar_declaration("skip", skip, "bool")
+        skip_code = skip.declaration("skip", "bool")
         params += skip_code.params
         prelude = [*skip_code.statements, "if (skip) return;", *prelude]
         codes.insert(0, skip_code)
@@ -270,7 +228,7 @@ def counter_source(skip: Any = None) -> tuple[str, str]:
     ``skip`` (as in `kernel_source`), only where the skip flag reads false."""
     if skip is None or skip is False:
         return _counter_source(None)
-    return _counter_source(("pointer", "bool") if skip is True else _normalized_kind(skip))
+    return _counter_source(_BOOL_POINTER if skip is True else _normalized_kind(skip))
 
 
 def _counter_source(skip: ScalarKind | None) -> tuple[str, str]:
@@ -279,7 +237,7 @@ def _counter_source(skip: ScalarKind | None) -> tuple[str, str]:
     body = []
     codes = []
     if skip is not None:
-        codes.append(_scalar_declaration("skip", skip, "bool"))
+        codes.append(skip.declaration("skip", "bool"))
         params += codes[0].params
         body += [*codes[0].statements, "if (skip) return;"]
     body.append("*count += 1;")

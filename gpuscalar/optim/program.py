@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -22,8 +22,10 @@ from ..backend import Backend
 from ..lazy import codegen, expr, rules
 from ..lazy.rules import RuleTerm
 
-__all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "VALUE",
-           "CounterRead", "evaluate_host", "host_scalar", "apply_rules"]
+__all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "ScalarCode",
+           "ValueScalar", "PointerScalar", "CounterScalar", "PendingScalar", "VALUE",
+           "POINTER_CTYPES", "POINTER_KINDS", "COUNTER_KINDS", "CounterRead", "evaluate_host",
+           "apply_rules"]
 
 _counter = rules.symbol("counter")
 #: What a class kernel computes from the live step counter ``counter`` (an int64 read on the
@@ -85,45 +87,191 @@ def register(*programs: Program) -> None:
 # ---- how a kernel receives one scalar ------------------------------------------------------
 #
 # A scalar's *kind* is the part of a kernel's identity it decides (a kernel-cache key, never a
-# value); its *leaves* are the runtime arguments the kernel receives for it. Kinds:
-#   ("value",)              a Python number, passed by value as the arrays' type T
-#   ("pointer", dtype)      a GPUScalar's 0-d array of ``dtype``, dereferenced by the kernel
-#   ("counter", read)       the optimizer's int64 step counter, through a pointer, with the
-#                           arithmetic COUNTER_READS[read] inlined into the prelude
-#   ("pending", key)        a pending (lazy) GPUScalar of that expression structure: its leaves
-#                           (0-d arrays and constants) are parameters, and the prelude computes
-#                           it with gpuscalar.codegen's code (CuPy's routines, FMA barriers), so
-#                           ``opt.lr = base * gs.minimum(1, (opt.step_count + 1) / warmup)``
-#                           costs no launch of its own; on the host, gpuscalar.expr evaluates it
-# `gpuscalar.optim.executors.route` decides a value's kind; `kernels` declares each kind in C.
+# value); its *leaves* are the runtime arguments the kernel receives for it. Each kind is a
+# small class that answers what each consumer asks of it: its kernel parameters and prelude
+# lines (`ScalarKind.declaration`, for `gpuscalar.optim.kernels`), its launch arguments
+# (`ScalarKind.arguments`, for the CUDA executor) and its value on the host
+# (`ScalarKind.host_value`, for the host executor). `gpuscalar.optim.executors.route` is the one
+# place that decides a value's kind.
 
-ScalarKind = tuple
+#: C type of a scalar read through a pointer, by the 0-d array's dtype.
+POINTER_CTYPES: dict[str, str] = {
+    "float32": "float",
+    "float64": "double",
+    "int32": "int",
+    "int64": "long long",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "bool": "bool",
+}
+
+
+@dataclass(frozen=True)
+class ScalarCode:
+    """How a kernel declares one scalar: its parameters, the prelude statements that end by
+    defining the scalar's name, and any preamble code they need (emitted once, before the
+    kernel, in first-use order)."""
+
+    params: tuple[str, ...]
+    statements: tuple[str, ...]
+    preambles: tuple[str, ...] = ()
+
+
+_Kind = TypeVar("_Kind", bound="ScalarKind")
+
+
+class ScalarKind(tuple):
+    """How a kernel receives one scalar: frozen and hashable, part of the kernel's key.
+
+    A kind is the tuple ``(tag, *fields)`` (``("pointer", "float32")``): it hashes and compares
+    as a tuple does, in C, in the kernel-cache key a step hashes on every launch, and equals the
+    plain tuple of its parts (`ScalarKind.of` makes the class back from them). A subclass sets
+    `tag`, names its fields, and answers the three questions of its consumers.
+    """
+
+    __slots__ = ()
+    #: the kind's first element, naming it in the plain tuple form
+    tag: ClassVar[str]
+
+    def __new__(cls: type[_Kind], *fields: Any) -> _Kind:
+        return tuple.__new__(cls, (cls.tag, *fields))
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # (copy, pickle: the fields, not the tag)
+        return tuple(self[1:])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(map(repr, self[1:]))})"
+
+    @staticmethod
+    def of(parts: Sequence[Any]) -> ScalarKind:
+        """The kind whose plain tuple is ``parts`` (``("counter", "step")``)."""
+        kind = _KINDS.get(parts[0]) if parts else None
+        if kind is None:
+            raise ValueError(f"unknown scalar kind {tuple(parts)!r}")
+        return kind(*parts[1:])
+
+    def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
+        """The kernel code that gives scalar ``name`` (of C type ``ctype``) of this kind: every
+        identifier it adds starts with ``name``."""
+        raise NotImplementedError
+
+    def arguments(self, leaves: tuple[Any, ...], ctype: type) -> tuple[Any, ...]:
+        """The scalar's kernel arguments, in the order `declaration` declares them; ``ctype``
+        is the NumPy scalar type of the kernel's T."""
+        return leaves
+
+    def host_value(self, backend: Backend, leaves: tuple[Any, ...]) -> Any:
+        """The value the kernel would compute for the scalar, on a host-evaluating backend
+        (called inside the counted device op, where reading device data is the device's own
+        work)."""
+        raise NotImplementedError
+
+
+class ValueScalar(ScalarKind):
+    """A Python number, passed by value as the arrays' type T."""
+
+    __slots__ = ()
+    tag = "value"
+
+    def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
+        return ScalarCode((f"const T {name}_val",),
+                          (f"const {ctype} {name} = ({ctype})({name}_val);",))
+
+    def arguments(self, leaves: tuple[Any, ...], ctype: type) -> tuple[Any, ...]:
+        return (ctype(leaves[0]),)  # converted to T, as the kernel declares it
+
+    def host_value(self, backend: Backend, leaves: tuple[Any, ...]) -> Any:
+        return leaves[0]
+
+
+class PointerScalar(ScalarKind):
+    """A GPUScalar's 0-d array of `dtype`, dereferenced by the kernel."""
+
+    __slots__ = ()
+    tag = "pointer"
+
+    @property
+    def dtype(self) -> str:
+        return self[1]
+
+    def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
+        return ScalarCode((f"const {POINTER_CTYPES[self.dtype]}* __restrict__ {name}_ptr",),
+                          (f"const {ctype} {name} = ({ctype})(*{name}_ptr);",))
+
+    def host_value(self, backend: Backend, leaves: tuple[Any, ...]) -> Any:
+        return backend.host_data(leaves[0])
+
+
+class CounterScalar(ScalarKind):
+    """The optimizer's int64 step counter, through a pointer, with the arithmetic
+    ``COUNTER_READS[read]`` inlined into the prelude."""
+
+    __slots__ = ()
+    tag = "counter"
+
+    @property
+    def read(self) -> str:
+        return self[1]
+
+    def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
+        read = codegen.c_source(COUNTER_READS[self.read], {"counter": f"(*{name}_ptr)"})
+        return ScalarCode((f"const long long* __restrict__ {name}_ptr",),
+                          (f"const {ctype} {name} = ({ctype})({read});",))
+
+    def host_value(self, backend: Backend, leaves: tuple[Any, ...]) -> Any:
+        return rules.evaluate(COUNTER_READS[self.read], {"counter": backend.host_data(leaves[0])})
+
+
+class PendingScalar(ScalarKind):
+    """A pending (lazy) GPUScalar of the expression structure `key`: its leaves (0-d arrays and
+    constants) are parameters, and the prelude computes it with `gpuscalar.lazy.codegen`'s code
+    (CuPy's routines, FMA barriers), so ``opt.lr = base * gs.minimum(1, (opt.step_count + 1) /
+    warmup)`` costs no launch of its own; on the host, `gpuscalar.lazy.expr` evaluates it."""
+
+    __slots__ = ()
+    tag = "pending"
+
+    def __new__(cls, key: Any) -> PendingScalar:  # (made on every step: no ``*fields``)
+        return tuple.__new__(cls, ("pending", key))
+
+    @property
+    def key(self) -> Any:
+        return self[1]
+
+    def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
+        # the expression's own code (gpuscalar.lazy.codegen), then the cast to T
+        code = codegen.plan_code(expr.plan_for_key(self.key), f"{name}_")
+        return ScalarCode(
+            tuple(codegen.raw_kernel_params(code)),
+            (*code.statements, f"const {ctype} {name} = ({ctype})({code.value});"),
+            (codegen.cupy_headers(), *code.preambles),
+        )
+
+    def host_value(self, backend: Backend, leaves: tuple[Any, ...]) -> Any:
+        return expr.evaluate_plan(expr.plan_for_key(self.key), leaves, backend.host_data)
+
+
+#: Every kind, by its tag (`ScalarKind.of`).
+_KINDS: dict[str, type[ScalarKind]] = {
+    kind.tag: kind for kind in (ValueScalar, PointerScalar, CounterScalar, PendingScalar)
+}
 #: The kind of a scalar passed by value.
-VALUE: ScalarKind = ("value",)
+VALUE = ValueScalar()
+#: The pointer kind of a 0-d array, by its dtype (made once: `route` asks on every step).
+POINTER_KINDS: dict[np.dtype, PointerScalar] = {
+    np.dtype(name): PointerScalar(name) for name in POINTER_CTYPES
+}
+#: The step counter's kinds, by read (`CounterRead.kind`).
+COUNTER_KINDS: dict[str, CounterScalar] = {read: CounterScalar(read) for read in COUNTER_READS}
 
 
 class CounterRead:
     """A value the kernel derives from a live int64 counter buffer on the device."""
 
-    __slots__ = ("array", "read")
+    __slots__ = ("array", "read", "kind")
 
     def __init__(self, array: Any, read: str) -> None:
-        self.array, self.read = array, read
-
-
-def host_scalar(backend: Backend, kind: ScalarKind, leaves: tuple[Any, ...]) -> Any:
-    """The value a kernel would compute for a scalar, on a host-evaluating backend (called
-    inside the counted device op, where reading the device data is the device's own work)."""
-    tag = kind[0]
-    if tag == "value":
-        return leaves[0]
-    if tag == "pointer":
-        return backend.host_data(leaves[0])
-    if tag == "counter":
-        return rules.evaluate(COUNTER_READS[kind[1]], {"counter": backend.host_data(leaves[0])})
-    if tag == "pending":
-        return expr.evaluate_plan(expr.plan_for_key(kind[1]), leaves, backend.host_data)
-    raise ValueError(f"unknown scalar kind {kind!r}")
+        self.array, self.read, self.kind = array, read, COUNTER_KINDS[read]
 
 
 # ---- the host evaluator of a Program -------------------------------------------------------
@@ -159,12 +307,12 @@ def evaluate_host(
     program's arrays to its NumPy data, per tensor. Scalars are cast to the arrays' dtype first,
     as the CUDA kernel does. When ``skip`` holds true, nothing is written (the kernel returns).
     """
-    if skip is not None and bool(host_scalar(backend, *skip)):
+    if skip is not None and bool(skip[0].host_value(backend, skip[1])):
         return
     if not tensors:
         return
     dtype = tensors[0][program.arrays[0]].dtype
     with np.errstate(all="ignore"):
-        values = {name: np.asarray(host_scalar(backend, *routed)).astype(dtype)
-                  for name, routed in zip(program.scalars, scalars, strict=True)}
+        values = {name: np.asarray(kind.host_value(backend, leaves)).astype(dtype)
+                  for name, (kind, leaves) in zip(program.scalars, scalars, strict=True)}
     apply_rules(program, values, tensors)

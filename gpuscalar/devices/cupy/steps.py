@@ -27,7 +27,6 @@ from ...optim.kernels import (
     _counter_source,
     _kernel_source,
     address_table_source,
-    kernel_arguments,
 )
 from ...optim.program import Program
 from .backend import CUPY
@@ -111,9 +110,10 @@ class CudaExecutor(Executor):
 
 def _scalar_arguments(args: list[Any], scalars: list[Routed], skip: Routed | None,
                       ctype: type) -> list[Any]:
-    """``args`` followed by each scalar's kernel arguments and the skip flag's."""
+    """``args`` followed by each scalar's kernel arguments (as its kind declares them) and the
+    skip flag's."""
     for kind, leaves in scalars:
-        args += kernel_arguments(kind, leaves, ctype)
+        args += kind.arguments(leaves, ctype)
     if skip is not None:
         args += skip[1]
     return args

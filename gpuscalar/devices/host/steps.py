@@ -18,7 +18,7 @@ import numpy as np
 from ...backend import Backend
 from ...lazy import expr
 from ...optim.executors import Executor, Group, Optimizer, Routed, _read_only
-from ...optim.program import Program, evaluate_host, host_scalar
+from ...optim.program import Program, evaluate_host
 
 __all__ = ["HostExecutor", "numpy_steps", "strict_steps"]
 
@@ -102,7 +102,7 @@ def _set_host_grads(where: Mapping[int, tuple[Group, int]], indices: list[int],
 
 
 def _increment_on_host(backend: Backend, count: Any, skip: Routed | None) -> None:
-    if skip is None or not bool(host_scalar(backend, *skip)):
+    if skip is None or not bool(skip[0].host_value(backend, skip[1])):
         np.add(count, 1, out=count)
 
 
