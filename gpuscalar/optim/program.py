@@ -232,7 +232,7 @@ class PendingScalar(ScalarKind):
     tag = "pending"
 
     def __new__(cls, key: Any) -> PendingScalar:  # (made on every step: no ``*fields``)
-        return tuple.__new__(cls, ("pending", key))
+        return tuple.__new__(cls, (cls.tag, key))
 
     @property
     def key(self) -> Any:
