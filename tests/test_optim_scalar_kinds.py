@@ -21,6 +21,7 @@ from gpuscalar.devices import NUMPY
 from gpuscalar.optim import executors
 from gpuscalar.optim.program import (
     COUNTER_KINDS,
+    PENDING_KINDS,
     POINTER_CTYPES,
     POINTER_KINDS,
     VALUE,
@@ -52,6 +53,8 @@ def test_route_decides_each_kind():
     assert leaves[0] is count
     kind, leaves = executors.route(_pending())
     assert type(kind) is PendingScalar and len(leaves) >= 1
+    # each shape's kind is made once (route asks on every step): the same object next time
+    assert executors.route(_pending())[0] is kind is PENDING_KINDS[kind.key]
 
 
 def test_a_kind_is_frozen_hashable_and_keys_as_its_plain_tuple():

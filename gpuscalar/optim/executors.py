@@ -33,7 +33,15 @@ import numpy as np
 from ..backend import Backend
 from ..lazy import expr
 from ..scalar import GPUScalar, _array_of, _node_of
-from .program import POINTER_KINDS, VALUE, CounterRead, PendingScalar, Program, ScalarKind
+from .program import (
+    PENDING_KINDS,
+    POINTER_KINDS,
+    VALUE,
+    CounterRead,
+    PendingScalar,
+    Program,
+    ScalarKind,
+)
 
 
 class Group(Protocol):
@@ -156,7 +164,9 @@ def route(value: Any) -> Routed:
         if node is not None:
             plan = expr.plan_of(node)
             if executor_for(value.backend).fuses(plan):
-                return PendingScalar(plan.key), tuple(expr.leaves_of(node))
+                key = plan.key  # each shape's kind made once (`PENDING_KINDS`)
+                kind = PENDING_KINDS.get(key) or PENDING_KINDS.setdefault(key, PendingScalar(key))
+                return kind, tuple(expr.leaves_of(node))
         array = _array_of(value)  # CuPy cannot compute it in the kernel: one launch first
         return POINTER_KINDS[array.dtype], (array,)
     if type(value) is CounterRead:

@@ -24,8 +24,8 @@ from ..lazy.rules import RuleTerm
 
 __all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "ScalarCode",
            "ValueScalar", "PointerScalar", "CounterScalar", "PendingScalar", "VALUE",
-           "POINTER_CTYPES", "POINTER_KINDS", "COUNTER_KINDS", "CounterRead", "evaluate_host",
-           "apply_rules"]
+           "POINTER_CTYPES", "POINTER_KINDS", "PENDING_KINDS", "COUNTER_KINDS", "CounterRead",
+           "evaluate_host", "apply_rules"]
 
 _counter = rules.symbol("counter")
 #: What a class kernel computes from the live step counter ``counter`` (an int64 read on the
@@ -231,9 +231,6 @@ class PendingScalar(ScalarKind):
     __slots__ = ()
     tag = "pending"
 
-    def __new__(cls, key: Any) -> PendingScalar:  # (made on every step: no ``*fields``)
-        return tuple.__new__(cls, (cls.tag, key))
-
     @property
     def key(self) -> Any:
         return self[1]
@@ -261,6 +258,13 @@ VALUE = ValueScalar()
 POINTER_KINDS: dict[np.dtype, PointerScalar] = {
     np.dtype(name): PointerScalar(name) for name in POINTER_CTYPES
 }
+#: The pending kinds, by structure key, each made once: `route` asks on every step of a pending
+#: scalar (making a kind per step cost ~3,500 host instructions, the demo's step measured). Its
+#: documented bound (DESIGN, "Threads"): one entry (~100 bytes) per expression shape a step has
+#: received pending, so at most one per structure key, which `gpuscalar.lazy.expr` never drops
+#: either (`expr.KEY_BYTES_PER_SHAPE`); filled with ``setdefault``, so threads meeting a shape
+#: first together keep one kind.
+PENDING_KINDS: dict[Any, PendingScalar] = {}
 #: The step counter's kinds, by read (`CounterRead.kind`).
 COUNTER_KINDS: dict[str, CounterScalar] = {read: CounterScalar(read) for read in COUNTER_READS}
 
