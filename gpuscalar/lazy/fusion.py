@@ -266,14 +266,9 @@ def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
     leaves = expr.leaves_of(root)
     results: list[Any] = []
     for op, refs in plan.steps:
-        args = [leaves[r] if r >= 0 else results[~r] for r in refs]
-        if op.kind == "ufunc":
-            value = backend.call(backend.ufunc(op.name), *codegen.unfused_args(backend, op, args))
-            value = value[op.output] if len(op.out_dtypes) > 1 else value
-        elif op.kind == "where":
-            value = backend.call(backend.xp.where, *args)
-        else:
-            value = backend.call(backend.xp.round, args[0], op.param)
+        args = codegen.unfused_args(backend, op, [leaves[r] if r >= 0 else results[~r]
+                                                   for r in refs])
+        value = expr.OP_KINDS[op.kind].replay(backend, op, args)
         if value.dtype != op.dtype:
             value = backend.call(value.astype, op.dtype)
         results.append(value)
