@@ -167,7 +167,7 @@ def cast_expression(src: np.dtype, dst: np.dtype, expression: str) -> str:
 def _cupy_ufunc(op: expr.Op) -> Any:
     cupy = _cupy()
     with _cupy_internals(f"ufunc for {op.kind}"):
-        ufunc = expr.OP_KINDS[op.kind].cupy_ufunc(cupy, op)
+        ufunc = op.row.cupy_ufunc(cupy, op)
     if ufunc is None or not hasattr(ufunc, "_ops"):
         raise FusionUnsupported(f"CuPy has no ufunc for {op!r}")
     return ufunc
@@ -178,7 +178,7 @@ def cupy_op(op: expr.Op) -> tuple[Any, Any]:
     has one, else the routine CuPy itself picks for those input dtypes (value-equivalent: e.g.
     CuPy compares int8 values in its int64 loop). Raises `FusionUnsupported` when neither."""
     ufunc = _cupy_ufunc(op)
-    extras = expr.OP_KINDS[op.kind].routine_operands(op)  # (round's decimals)
+    extras = op.row.routine_operands(op)  # (round's decimals)
     in_dtypes = op.in_dtypes + tuple(dtype for _, dtype in extras)
     with _cupy_internals("ufunc routine table (_ops)"):
         for candidate in ufunc._ops.ops:
@@ -352,7 +352,7 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
         operands[1] = (f"_gs_int_exponent({cast_expression(dtype, wanted, source)})", wanted)
         if INT_EXPONENT_PREAMBLE not in preambles:
             preambles.append(INT_EXPONENT_PREAMBLE)
-    operands += expr.OP_KINDS[op.kind].routine_operands(op)  # (round's decimals)
+    operands += op.row.routine_operands(op)  # (round's decimals)
     lines = [f"{value_type} {variable};", "{",
              *(f"    {line}" for line in _routine_lines(routine_op, operands, headers))]
     produced = routine_op.out_types[op.output]

@@ -163,7 +163,7 @@ class Op:
     the same object with the same small ``id``."""
 
     __slots__ = ("kind", "name", "in_dtypes", "out_dtypes", "output", "param", "id",
-                 "signature", "keys")
+                 "signature", "keys", "row")
 
     kind: str  # its row of `OP_KINDS`: "ufunc", "where", "round" (or "rule", an update rule's)
     name: str  # NumPy's ufunc name (or "where" / "round"; a rule's operator or function)
@@ -174,6 +174,7 @@ class Op:
     id: int
     signature: tuple[np.dtype, ...]  # in_dtypes + out_dtypes
     keys: dict[tuple[int, ...], int]  # the children's keys -> the structure key of a node
+    row: OpKind  # OP_KINDS[kind]: how the op runs (on the host, replayed, in generated C)
 
     @property
     def dtype(self) -> np.dtype:
@@ -204,7 +205,8 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
     identity = (kind, name, in_dtypes, out_dtypes, output, param)
     op = _OPS.get(identity)
     if op is None:
-        if kind not in OP_KINDS:
+        row = OP_KINDS.get(kind)
+        if row is None:
             raise ValueError(f"unknown op kind {kind!r}: the kinds are {', '.join(OP_KINDS)} "
                              "(gpuscalar.lazy.expr.OP_KINDS)")
         with _TABLE_LOCK:
@@ -215,6 +217,7 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
                 op.output, op.param, op.id = output, param, len(_OPS_BY_ID)
                 op.signature = in_dtypes + out_dtypes
                 op.keys = {}
+                op.row = row
                 _OPS_BY_ID.append(op)  # findable by id before its identity is published
                 _OPS[identity] = op
     return op
@@ -600,11 +603,10 @@ class OpKind:
     """How the ops of one kind (`Op.kind`) run, everywhere they run: one row of `OP_KINDS`.
 
     Why: an op runs in three places, the host evaluator (NumPy), the eager replay of a tree CuPy
-    cannot fuse (`gpuscalar.lazy.fusion`) and the generated CUDA C (CuPy's routine for its loop,
-    `gpuscalar.lazy.codegen`). One row per kind keeps the three together, so a new kind is one
-    subclass that defines every column of `COLUMNS` (checked when the class is made), added to
-    `OP_KINDS`. A column is given what it needs (a backend, the CuPy module) as arguments: this
-    module imports nothing of the modules that run the ops.
+    cannot fuse (`gpuscalar.lazy.fusion`) and the generated CUDA C (`gpuscalar.lazy.codegen`);
+    one row per kind keeps them together, so a new kind is one subclass defining every column of
+    `COLUMNS` (checked when the class is made), added to `OP_KINDS`. A column is given what it
+    needs (a backend, the CuPy module): this module imports none of the modules that run ops.
     """
 
     #: The columns: the methods every kind defines.
@@ -614,28 +616,27 @@ class OpKind:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        missing = [column for column in OpKind.COLUMNS
-                   if getattr(cls, column) is getattr(OpKind, column)]
-        if missing or not cls.name:
-            lacks = ", ".join(missing + ([] if cls.name else ["name"]))
-            raise TypeError(f"op kind {cls.__name__} ({cls.name or 'no name'}) lacks {lacks}: "
-                            f"every kind has a name and defines every column of OpKind.COLUMNS")
+        lacks = [] if cls.name else ["name"]
+        lacks += [column for column in OpKind.COLUMNS
+                  if getattr(cls, column) is getattr(OpKind, column)]
+        if lacks:
+            raise TypeError(f"op kind {cls.__name__} ({cls.name or 'no name'}) lacks "
+                            f"{', '.join(lacks)}: every kind has a name and every column of "
+                            "OpKind.COLUMNS")
 
     def on_host(self, op: Op, args: list[Any]) -> Any:
-        """The op with NumPy on host values, as the eager operation runs it (the host
-        evaluator: `evaluate`, `evaluate_on_host`)."""
+        """The op with NumPy on host values, as the eager operation runs it (`fold_plan`)."""
         raise NotImplementedError
 
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
-        """The op as ``backend``'s eager call on ``args`` (0-d device arrays and NumPy scalars,
-        as `gpuscalar.lazy.codegen.unfused_args` gives them): a tree CuPy cannot fuse, evaluated
-        one call per op. The caller casts the value to ``op.dtype``."""
+        """The op as ``backend``'s eager call on ``args`` (as `gpuscalar.lazy.codegen.
+        unfused_args` gives them), for a tree CuPy cannot fuse; the caller casts the value to
+        ``op.dtype``."""
         raise NotImplementedError
 
     def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
-        """The CuPy ufunc whose routine for the op's loop the generated C runs, or None where
-        none does (CuPy's private internals: an AttributeError or ImportError where a CuPy
-        version lacks them makes the op unfusable)."""
+        """The CuPy ufunc whose routine for the op's loop the generated C runs, or None (CuPy's
+        private internals: an AttributeError or ImportError makes the op unfusable)."""
         raise NotImplementedError
 
     def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
@@ -747,20 +748,19 @@ OP_KINDS: dict[str, OpKind] = {row.name: row for row in (
 # ---- the host evaluator ---------------------------------------------------------------------
 
 
-def fold_plan(plan: Plan, sources: list[Any], apply: Callable[[Op, list[Any]], Any]) -> Any:
+def fold_plan(plan: Plan, sources: list[Any],
+              apply: Callable[[Op, list[Any]], Any] | None = None) -> Any:
     """THE walk of an expression: ``plan``'s steps in order, ``apply(op, operands)`` on each
     (its operands being ``sources``, the leaves' values in plan order, and earlier steps'
-    results); returns the last result. The host evaluator applies NumPy here and the code
-    generator (`gpuscalar.lazy.codegen`) writes C here, so both read a tree in the same order."""
+    results); returns the last result. The host evaluator applies NumPy here (``apply`` None:
+    each op's `OpKind.on_host`, called from the walk itself, as it is hot), the eager replay
+    (`gpuscalar.lazy.fusion`) calls the backend and the code generator
+    (`gpuscalar.lazy.codegen`) writes C, so all read a tree in the same order."""
     results: list[Any] = []
     for op, refs in plan.steps:
-        results.append(apply(op, [sources[r] if r >= 0 else results[~r] for r in refs]))
+        operands = [sources[r] if r >= 0 else results[~r] for r in refs]
+        results.append(op.row.on_host(op, operands) if apply is None else apply(op, operands))
     return results[-1]
-
-
-def _apply_on_host(op: Op, args: list[Any]) -> Any:
-    """One op with NumPy, as the eager operation runs it: its kind's `OpKind.on_host`."""
-    return OP_KINDS[op.kind].on_host(op, args)
 
 
 def evaluate(root: Any, value_of: Callable[[Any], Any]) -> Any:
@@ -770,7 +770,7 @@ def evaluate(root: Any, value_of: Callable[[Any], Any]) -> Any:
     (``np.errstate``), as a kernel gives IEEE results without any."""
     if type(root) is not Node:
         return value_of(root)
-    return fold_plan(plan_of(root), [value_of(leaf) for leaf in leaves_of(root)], _apply_on_host)
+    return fold_plan(plan_of(root), [value_of(leaf) for leaf in leaves_of(root)])
 
 
 def evaluate_on_host(root: Node, host_data: Callable[[Any], Any]) -> np.ndarray:
@@ -784,4 +784,4 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
     """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
     sources = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
     with np.errstate(all="ignore"):
-        return np.asarray(fold_plan(plan, sources, _apply_on_host))
+        return np.asarray(fold_plan(plan, sources))
