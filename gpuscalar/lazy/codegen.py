@@ -213,8 +213,8 @@ def unfused_args(backend: Any, op: expr.Op, args: list[Any]) -> list[Any]:
     """The operands eager CuPy is called with for ``op`` where it runs unfused (a CuPy without
     the internals read here; `expr.OpKind.replay` is called with them): complex operands of a
     loop CuPy lacks (`OWN_ROUTINES`) as their truth values (one ``!= 0`` each), ldexp's int64
-    exponent clamped as NumPy clamps it; any other op's (these two are ufuncs, known by name)
-    as they are."""
+    exponent clamped as NumPy clamps it. Both are ufunc loops, known by the op's name, so any
+    other op (``where``, ``round``) keeps its operands as they are."""
     if (op.name, op.in_dtypes[0].kind) in OWN_ROUTINES:
         return [backend.call(backend.ufunc("not_equal"), a, 0) for a in args]
     if op.name == "ldexp" and op.in_dtypes[1].itemsize > 4:

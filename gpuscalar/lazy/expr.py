@@ -165,7 +165,7 @@ class Op:
     __slots__ = ("kind", "name", "in_dtypes", "out_dtypes", "output", "param", "id",
                  "signature", "keys", "row")
 
-    kind: str  # its row of `OP_KINDS`: "ufunc", "where", "round" (or "rule", an update rule's)
+    kind: str  # a key of `OP_KINDS`: "ufunc", "where", "round" (or "rule", an update rule's)
     name: str  # NumPy's ufunc name (or "where" / "round"; a rule's operator or function)
     in_dtypes: tuple[np.dtype, ...]
     out_dtypes: tuple[np.dtype, ...]
