@@ -629,9 +629,8 @@ class OpKind:
         raise NotImplementedError
 
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
-        """The op as ``backend``'s eager call on ``args`` (as `gpuscalar.lazy.codegen.
-        unfused_args` gives them), for a tree CuPy cannot fuse; the caller casts the value to
-        ``op.dtype``."""
+        """The op as ``backend``'s eager call on ``args`` (as `codegen.unfused_args` gives
+        them), for a tree CuPy cannot fuse; the caller casts the value to ``op.dtype``."""
         raise NotImplementedError
 
     def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
