@@ -167,18 +167,7 @@ def cast_expression(src: np.dtype, dst: np.dtype, expression: str) -> str:
 def _cupy_ufunc(op: expr.Op) -> Any:
     cupy = _cupy()
     with _cupy_internals(f"ufunc for {op.kind}"):
-        if op.kind == "ufunc":
-            ufunc = getattr(cupy, op.name, None)
-        elif op.kind == "where":
-            from cupy._sorting import search  # noqa: PLC0415
-
-            ufunc = search._where_ufunc
-        elif op.kind == "round":
-            from cupy._core import core  # noqa: PLC0415
-
-            ufunc = core._round_ufunc
-        else:
-            ufunc = None
+        ufunc = op.row.cupy_ufunc(cupy, op)
     if ufunc is None or not hasattr(ufunc, "_ops"):
         raise FusionUnsupported(f"CuPy has no ufunc for {op!r}")
     return ufunc
@@ -189,7 +178,8 @@ def cupy_op(op: expr.Op) -> tuple[Any, Any]:
     has one, else the routine CuPy itself picks for those input dtypes (value-equivalent: e.g.
     CuPy compares int8 values in its int64 loop). Raises `FusionUnsupported` when neither."""
     ufunc = _cupy_ufunc(op)
-    in_dtypes = op.in_dtypes if op.kind != "round" else (op.in_dtypes[0], np.dtype(np.int64))
+    extras = op.row.routine_operands(op)  # (round's decimals)
+    in_dtypes = op.in_dtypes + tuple(dtype for _, dtype in extras)
     with _cupy_internals("ufunc routine table (_ops)"):
         for candidate in ufunc._ops.ops:
             if candidate.in_types == in_dtypes and candidate.out_types == op.out_dtypes:
@@ -221,10 +211,10 @@ OWN_ROUTINES: dict[tuple[str, str], str] = {
 
 def unfused_args(backend: Any, op: expr.Op, args: list[Any]) -> list[Any]:
     """The operands eager CuPy is called with for ``op`` where it runs unfused (a CuPy without
-    the internals read here): complex operands of a loop CuPy lacks (`OWN_ROUTINES`) as their
-    truth values (one ``!= 0`` each), ldexp's int64 exponent clamped as NumPy clamps it."""
-    if op.kind != "ufunc":
-        return args
+    the internals read here; `expr.OpKind.replay` is called with them): complex operands of a
+    loop CuPy lacks (`OWN_ROUTINES`) as their truth values (one ``!= 0`` each), ldexp's int64
+    exponent clamped as NumPy clamps it. Both are ufunc loops, known by the op's name, so any
+    other op (``where``, ``round``) keeps its operands as they are."""
     if (op.name, op.in_dtypes[0].kind) in OWN_ROUTINES:
         return [backend.call(backend.ufunc("not_equal"), a, 0) for a in args]
     if op.name == "ldexp" and op.in_dtypes[1].itemsize > 4:
@@ -362,8 +352,7 @@ def _node_statements(op: expr.Op, inputs: list[tuple[str, np.dtype]], variable: 
         operands[1] = (f"_gs_int_exponent({cast_expression(dtype, wanted, source)})", wanted)
         if INT_EXPONENT_PREAMBLE not in preambles:
             preambles.append(INT_EXPONENT_PREAMBLE)
-    if op.kind == "round":
-        operands.append((f"{int(op.param)}LL", np.dtype(np.int64)))
+    operands += op.row.routine_operands(op)  # (round's decimals)
     lines = [f"{value_type} {variable};", "{",
              *(f"    {line}" for line in _routine_lines(routine_op, operands, headers))]
     produced = routine_op.out_types[op.output]

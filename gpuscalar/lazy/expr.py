@@ -12,7 +12,8 @@ A node is a `Node`: an immutable tuple ``(key, size, op, children)`` with those 
 
 - ``op`` is an interned `Op`: a NumPy ufunc (or ``where``, ``round``) with the loop it runs,
   decided when the node is built by `gpuscalar.promote` exactly as the eager operation would be,
-  so a pending scalar's dtype is known without evaluating anything;
+  so a pending scalar's dtype is known without evaluating anything; its kind's row of `OP_KINDS`
+  says how it runs on the host, replayed eagerly and in generated C;
 - each child is another node, a 0-d device array (a *leaf*: a materialized GPUScalar's array),
   or a NumPy scalar (a Python number, converted when the node is built to the dtype the loop
   reads it in, as NumPy converts it: a kernel argument, never a constant in generated source);
@@ -57,7 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from operator import itemgetter
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -67,6 +68,8 @@ __all__ = [
     "LAZY_ENV_VAR",
     "Op",
     "get_op",
+    "OpKind",
+    "OP_KINDS",
     "Node",
     "KEY",
     "SIZE",
@@ -160,10 +163,10 @@ class Op:
     the same object with the same small ``id``."""
 
     __slots__ = ("kind", "name", "in_dtypes", "out_dtypes", "output", "param", "id",
-                 "signature", "keys")
+                 "signature", "keys", "row")
 
-    kind: str  # "ufunc", "where" or "round"
-    name: str  # NumPy's ufunc name (or "where" / "round")
+    kind: str  # a key of `OP_KINDS`: "ufunc", "where", "round" (or "rule", an update rule's)
+    name: str  # NumPy's ufunc name (or "where" / "round"; a rule's operator or function)
     in_dtypes: tuple[np.dtype, ...]
     out_dtypes: tuple[np.dtype, ...]
     output: int  # which output of a multi-output ufunc (divmod, frexp, modf)
@@ -171,6 +174,7 @@ class Op:
     id: int
     signature: tuple[np.dtype, ...]  # in_dtypes + out_dtypes
     keys: dict[tuple[int, ...], int]  # the children's keys -> the structure key of a node
+    row: OpKind  # OP_KINDS[kind]: how the op runs (on the host, replayed, in generated C)
 
     @property
     def dtype(self) -> np.dtype:
@@ -196,10 +200,15 @@ _OPS_BY_ID: list[Op] = []
 
 def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
            out_dtypes: tuple[np.dtype, ...], output: int = 0, param: Any = None) -> Op:
-    """The interned `Op` for these properties (thread-safe: one id per op)."""
+    """The interned `Op` for these properties (thread-safe: one id per op); ``kind`` is a key of
+    `OP_KINDS`."""
     identity = (kind, name, in_dtypes, out_dtypes, output, param)
     op = _OPS.get(identity)
     if op is None:
+        row = OP_KINDS.get(kind)
+        if row is None:
+            raise ValueError(f"unknown op kind {kind!r}: the kinds are {', '.join(OP_KINDS)} "
+                             "(gpuscalar.lazy.expr.OP_KINDS)")
         with _TABLE_LOCK:
             op = _OPS.get(identity)
             if op is None:
@@ -208,6 +217,7 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
                 op.output, op.param, op.id = output, param, len(_OPS_BY_ID)
                 op.signature = in_dtypes + out_dtypes
                 op.keys = {}
+                op.row = row
                 _OPS_BY_ID.append(op)  # findable by id before its identity is published
                 _OPS[identity] = op
     return op
@@ -586,7 +596,114 @@ def plan_of(root: Node) -> Plan:
     return plan_for_key(root.key)
 
 
-# ---- the host evaluator ---------------------------------------------------------------------
+# ---- op kinds: how each kind of op runs, one row each ----------------------------------------
+
+
+class OpKind:
+    """How the ops of one kind (`Op.kind`) run, everywhere they run: one row of `OP_KINDS`.
+
+    Why: an op runs in three places, the host evaluator (NumPy), the eager replay of a tree CuPy
+    cannot fuse (`gpuscalar.lazy.fusion`) and the generated CUDA C (`gpuscalar.lazy.codegen`);
+    one row per kind keeps them together, so a new kind is one subclass defining every column of
+    `COLUMNS` (checked when the class is made), added to `OP_KINDS`. A column is given what it
+    needs (a backend, the CuPy module): this module imports none of the modules that run ops.
+    """
+
+    #: The columns: the methods every kind defines.
+    COLUMNS = ("on_host", "replay", "cupy_ufunc", "routine_operands")
+    #: The kind's name: the value of `Op.kind` and the row's key in `OP_KINDS`.
+    name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        lacks = [] if cls.name else ["name"]
+        lacks += [column for column in OpKind.COLUMNS
+                  if getattr(cls, column) is getattr(OpKind, column)]
+        if lacks:
+            raise TypeError(f"op kind {cls.__name__} ({cls.name or 'no name'}) lacks "
+                            f"{', '.join(lacks)}: every kind has a name and every column of "
+                            "OpKind.COLUMNS")
+
+    def on_host(self, op: Op, args: list[Any]) -> Any:
+        """The op with NumPy on host values, as the eager operation runs it (`fold_plan`)."""
+        raise NotImplementedError
+
+    def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
+        """The op as ``backend``'s eager call on ``args`` (as `codegen.unfused_args` gives
+        them), for a tree CuPy cannot fuse; the caller casts the value to ``op.dtype``."""
+        raise NotImplementedError
+
+    def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
+        """The CuPy ufunc whose routine for the op's loop the generated C runs, or None (CuPy's
+        private internals: an AttributeError or ImportError makes the op unfusable)."""
+        raise NotImplementedError
+
+    def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
+        """What that routine reads after the op's own operands, as ``(C text, dtype)`` each."""
+        raise NotImplementedError
+
+
+class UfuncKind(OpKind):
+    """A NumPy ufunc, ``op.name``, on the loop ``op.signature`` (``op.output`` picks one output
+    of a multi-output ufunc: divmod, frexp, modf)."""
+
+    name = "ufunc"
+
+    def on_host(self, op: Op, args: list[Any]) -> Any:
+        result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
+        return result[op.output] if len(op.out_dtypes) > 1 else result
+
+    def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
+        value = backend.call(backend.ufunc(op.name), *args)
+        return value[op.output] if len(op.out_dtypes) > 1 else value
+
+    def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
+        return getattr(cupy, op.name, None)
+
+    def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
+        return ()
+
+
+class WhereKind(OpKind):
+    """``where(condition, x, y)``, the branches meeting in the node's dtype."""
+
+    name = "where"
+
+    def on_host(self, op: Op, args: list[Any]) -> Any:  # cast as the kernel casts the branches
+        condition, x, y = args
+        return np.where(condition, np.asarray(x).astype(op.in_dtypes[1], copy=False),
+                        np.asarray(y).astype(op.in_dtypes[2], copy=False))
+
+    def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
+        return backend.call(backend.xp.where, *args)
+
+    def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
+        from cupy._sorting import search  # noqa: PLC0415 - asked for only on CuPy
+
+        return search._where_ufunc
+
+    def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
+        return ()
+
+
+class RoundKind(OpKind):
+    """``round(x, decimals)`` on its loop's dtype, ``decimals`` being ``op.param``."""
+
+    name = "round"
+
+    def on_host(self, op: Op, args: list[Any]) -> Any:  # cast as the kernel casts its operand
+        return np.round(np.asarray(args[0]).astype(op.in_dtypes[0], copy=False), op.param)
+
+    def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
+        return backend.call(backend.xp.round, args[0], op.param)
+
+    def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
+        from cupy._core import core  # noqa: PLC0415 - asked for only on CuPy
+
+        return core._round_ufunc
+
+    def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
+        return ((f"{int(op.param)}LL", np.dtype(np.int64)),)  # CuPy's routine reads decimals
 
 
 #: The NumPy twin of each operation of an optimizer update rule (`gpuscalar.lazy.rules`, ops of
@@ -601,32 +718,48 @@ RULE_FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 
 
-def fold_plan(plan: Plan, sources: list[Any], apply: Callable[[Op, list[Any]], Any]) -> Any:
+class RuleKind(OpKind):
+    """An operation of an optimizer update rule (`gpuscalar.lazy.rules`): no loop dtypes; on
+    the host its `RULE_FUNCTIONS` twin on the dtype its operands already have, on the device
+    infix C on the kernel's type (`gpuscalar.lazy.codegen.c_source`), never a CuPy routine."""
+
+    name = "rule"
+
+    def on_host(self, op: Op, args: list[Any]) -> Any:
+        return RULE_FUNCTIONS[op.name](*args)
+
+    def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
+        raise TypeError(f"{op!r} is an update rule's op: it runs in its optimizer's kernel "
+                        "(or on the host), never replayed eagerly")
+
+    def cupy_ufunc(self, cupy: Any, op: Op) -> Any:
+        return None
+
+    def routine_operands(self, op: Op) -> tuple[tuple[str, np.dtype], ...]:
+        return ()
+
+
+#: THE table of op kinds: `Op.kind` -> its row. A new kind is one `OpKind` subclass here.
+OP_KINDS: dict[str, OpKind] = {row.name: row for row in (
+    UfuncKind(), WhereKind(), RoundKind(), RuleKind())}
+
+
+# ---- the host evaluator ---------------------------------------------------------------------
+
+
+def fold_plan(plan: Plan, sources: list[Any],
+              apply: Callable[[Op, list[Any]], Any] | None = None) -> Any:
     """THE walk of an expression: ``plan``'s steps in order, ``apply(op, operands)`` on each
     (its operands being ``sources``, the leaves' values in plan order, and earlier steps'
-    results); returns the last result. The host evaluator applies NumPy here and the code
-    generator (`gpuscalar.lazy.codegen`) writes C here, so both read a tree in the same order."""
+    results); returns the last result. The host evaluator applies NumPy here (``apply`` None:
+    each op's `OpKind.on_host`, called from the walk itself, as it is hot), the eager replay
+    (`gpuscalar.lazy.fusion`) calls the backend and the code generator
+    (`gpuscalar.lazy.codegen`) writes C, so all read a tree in the same order."""
     results: list[Any] = []
     for op, refs in plan.steps:
-        results.append(apply(op, [sources[r] if r >= 0 else results[~r] for r in refs]))
+        operands = [sources[r] if r >= 0 else results[~r] for r in refs]
+        results.append(op.row.on_host(op, operands) if apply is None else apply(op, operands))
     return results[-1]
-
-
-def _apply_on_host(op: Op, args: list[Any]) -> Any:
-    """One op with NumPy, as the eager operation runs it: the same ufunc on the same loop (an
-    update rule's op: its `RULE_FUNCTIONS` twin, on the kernel dtype its operands already have)."""
-    if op.kind == "ufunc":
-        result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
-        return result[op.output] if len(op.out_dtypes) > 1 else result
-    if op.kind == "rule":
-        return RULE_FUNCTIONS[op.name](*args)
-    if op.kind == "where":  # the branches meet in the node's dtype, as the kernel casts them
-        condition, x, y = args
-        return np.where(condition, np.asarray(x).astype(op.in_dtypes[1], copy=False),
-                        np.asarray(y).astype(op.in_dtypes[2], copy=False))
-    if op.kind == "round":  # on its loop's dtype, as the kernel casts its operand
-        return np.round(np.asarray(args[0]).astype(op.in_dtypes[0], copy=False), op.param)
-    raise AssertionError(f"unknown op kind {op.kind!r}")
 
 
 def evaluate(root: Any, value_of: Callable[[Any], Any]) -> Any:
@@ -636,7 +769,7 @@ def evaluate(root: Any, value_of: Callable[[Any], Any]) -> Any:
     (``np.errstate``), as a kernel gives IEEE results without any."""
     if type(root) is not Node:
         return value_of(root)
-    return fold_plan(plan_of(root), [value_of(leaf) for leaf in leaves_of(root)], _apply_on_host)
+    return fold_plan(plan_of(root), [value_of(leaf) for leaf in leaves_of(root)])
 
 
 def evaluate_on_host(root: Node, host_data: Callable[[Any], Any]) -> np.ndarray:
@@ -650,4 +783,4 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
     """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
     sources = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
     with np.errstate(all="ignore"):
-        return np.asarray(fold_plan(plan, sources, _apply_on_host))
+        return np.asarray(fold_plan(plan, sources))

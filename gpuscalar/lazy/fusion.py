@@ -261,23 +261,15 @@ def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> list[Any]:
 
 
 def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
-    """The eager evaluation, one backend call per operation (for ops CuPy cannot fuse)."""
-    plan = expr.plan_of(root)
-    leaves = expr.leaves_of(root)
-    results: list[Any] = []
-    for op, refs in plan.steps:
-        args = [leaves[r] if r >= 0 else results[~r] for r in refs]
-        if op.kind == "ufunc":
-            value = backend.call(backend.ufunc(op.name), *codegen.unfused_args(backend, op, args))
-            value = value[op.output] if len(op.out_dtypes) > 1 else value
-        elif op.kind == "where":
-            value = backend.call(backend.xp.where, *args)
-        else:
-            value = backend.call(backend.xp.round, args[0], op.param)
-        if value.dtype != op.dtype:
-            value = backend.call(value.astype, op.dtype)
-        results.append(value)
-    return results[-1]
+    """The eager evaluation, one backend call per operation (for ops CuPy cannot fuse): each
+    op's `expr.OpKind.replay` on the operands eager CuPy takes (`codegen.unfused_args`), its
+    value cast to the node's dtype where the call gives another."""
+
+    def replay(op: expr.Op, args: list[Any]) -> Any:
+        value = op.row.replay(backend, op, codegen.unfused_args(backend, op, args))
+        return value if value.dtype == op.dtype else backend.call(value.astype, op.dtype)
+
+    return expr.fold_plan(expr.plan_of(root), expr.leaves_of(root), replay)
 
 
 # ---- array operations with pending scalar operands ------------------------------------------

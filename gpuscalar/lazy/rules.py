@@ -4,7 +4,8 @@ Why this module exists: an optimizer's update (``p = param - lr * g``) must run 
 kernel and with NumPy on a host-evaluating backend, with the same arithmetic in the same order
 on both. Writing it twice (or as text that both sides parse) lets the two drift; so a rule is
 written once, with Python operators on `RuleTerm` values, and recorded as `gpuscalar.lazy.expr`
-nodes built by `make_node` (the same node type as a pending GPUScalar, ops of kind ``"rule"``).
+nodes built by `make_node` (the same node type as a pending GPUScalar, ops of kind ``"rule"``,
+whose row of the op-kind table is `expr.RuleKind`).
 The package's one code generator writes them as infix C (`gpuscalar.lazy.codegen.c_source`:
 the fewest parentheses that keep the tree's grouping, the FMA-barrier policy a parameter) and
 its one host evaluator applies each node's NumPy twin (`gpuscalar.lazy.expr.evaluate`,
