@@ -271,6 +271,11 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     strong class), so the result class is known without looking at dtypes. Everything else
     goes to the general paths. An operation is a dict lookup of its loop (per operand dtypes),
     the conversion of a Python number, and one node; eager evaluates that node at once.
+
+    The pending results are made as `gpuscalar.scalar._pending` (the one constructor of pending
+    scalars) makes them, its body written out in each operator: the call would cost about 1,000
+    host instructions an operation (2% of a fold, ``bench/host_instructions.py``). A test
+    (``test_every_pending_scalar_is_made_by_the_one_constructor``) keeps the objects equal.
     """
     fast_class = cls
     strong = cls._is_strong
@@ -292,8 +297,7 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             """The pending result of ``op`` on this scalar (a leaf of key ``mine_key``, or its
             node) and ``other`` (a node, leaf or constant of key ``other_key``); for divmod
             (``op``, ``dtype``: pairs) two results with the same children.
-            The result's class is this one (a real operation of real operands); the scalar is
-            made here, not by `_pending`: this is the hot path of every operator."""
+            The result's class is this one (a real operation of real operands)."""
             node = self._node
             if node is None:
                 mine, size = self._array, 1 + other_size
@@ -308,13 +312,12 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
                 children, keys = (mine, other), (mine_key, other_key)
             if pair:  # (op, op2), (dtype, dtype2): the second result below
                 op, op2, dtype, dtype2 = op[0], op[1], dtype[0], dtype[1]
+            # `_pending(cls, node, dtype, device)` written out (see above); its size check is
+            # the first half of ``evaluate_now``
             result: GPUScalar = new(cls)
-            result._node = make_node(op, children, keys, size)
-            result._array = None
-            result._used = False
-            result._dtype = dtype
-            result._device = self._device
-            result._host = _UNREAD
+            result._array, result._used, result._host = None, False, _UNREAD
+            result._node, result._dtype, result._device = (
+                make_node(op, children, keys, size), dtype, self._device)
             evaluate_now = size > max_nodes or not is_lazy()  # too large, or eager
             if evaluate_now:
                 _materialize(result)
@@ -453,11 +456,10 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             if then is not None:
                 size += 1
                 node = make_node(then, (node,), (node[KEY],), size)
-            result: GPUScalar = new(result_class)
+            result: GPUScalar = new(result_class)  # `_pending`, written out (see above)
             result._array, result._used, result._host = None, False, _UNREAD
-            result._dtype, result._device = dtype, self._device
-            result._node = node
-            if size > max_nodes or not is_lazy():
+            result._node, result._dtype, result._device = node, dtype, self._device
+            if size > max_nodes or not is_lazy():  # too large, or eager
                 _materialize(result)
             return result
 

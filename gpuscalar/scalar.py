@@ -543,7 +543,9 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
 
 def _pending(cls: type, node: Node, dtype: np.dtype, device: object) -> GPUScalar:
     """A GPUScalar of class ``cls`` (one of `_classes_for`'s) holding the expression ``node``
-    (materialized at once past the size bound)."""
+    (materialized at once past the size bound): the one constructor of pending scalars. The
+    operators' hot paths write its body out (`gpuscalar.operators._install_fast_operators`
+    says why; a test keeps them making the same object)."""
     scalar: GPUScalar = _new_object(cls)
     scalar._array, scalar._used, scalar._host = None, False, _UNREAD
     scalar._node, scalar._dtype, scalar._device = node, dtype, device

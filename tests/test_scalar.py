@@ -666,3 +666,25 @@ def test_the_scalar_layers_import_downwards_only_and_stay_small():
                     imported.update(alias.name for alias in node.names)
         assert not imported & forbidden, (module, imported & forbidden)
         assert len(source.splitlines()) <= 800, module
+
+
+def test_every_pending_scalar_is_made_by_the_one_constructor(xp):
+    """Pending scalars have one constructor, `gpuscalar.scalar._pending`: the operators' hot
+    paths (binary, divmod's pair, one-operand, the folded add), the general path and the
+    helpers make exactly the object it makes from the same node (class and every slot)."""
+    from gpuscalar import scalar as scalar_module  # noqa: PLC0415
+
+    s = gs.asscalar(1.5, like=xp.zeros(1))
+    t = gs.asscalar(2.0, like=xp.zeros(1))
+    n = gs.asscalar(3, like=xp.zeros(1))
+    with gs.lazy(True):
+        made = [s * 2.0, 2.0 * s, s * t, *divmod(s, t), -s, math.floor(s), (n + 1) + 1,
+                np.sqrt(s), gs.minimum(s, 1.0), gs.where(s > t, s, t), (s + 1j) * 2.0,
+                round(s, 1)]
+    for result in made:
+        assert not result.is_materialized
+        again = scalar_module._pending(type(result), result._node, result._dtype,
+                                       result._device)
+        assert type(again) is type(result)
+        for slot in gs.GPUScalar.__slots__:
+            assert getattr(again, slot) is getattr(result, slot), slot
