@@ -558,12 +558,18 @@ def _pow(self: GPUScalar, other: Any, modulo: Any = None) -> Any:
     return _binary(self, other, "power", False)
 
 
+_pow.__name__, _pow.__qualname__ = "__pow__", "GPUScalar.__pow__"
+
+
 def _conjugate(self: GPUScalar) -> GPUScalar:
     """The complex conjugate (the scalar itself for a real dtype), a GPUScalar; no sync."""
     if self._dtype.kind != "c":
         return self
     # as NumPy's ufunc on the scalar (`gpuscalar.arrays.apply_ufunc`'s scalar-only path)
     return _lazy_ufunc(self._backend, "conjugate", (self,), self._device, numpy_call=True)
+
+
+_conjugate.__name__, _conjugate.__qualname__ = "conjugate", "GPUScalar.conjugate"
 
 
 def install(cls: type[GPUScalar]) -> None:
@@ -582,8 +588,6 @@ def install(cls: type[GPUScalar]) -> None:
         methods[f"__{stem}__"] = _make_unary(ufunc_name)
     for name, method in methods.items():
         method.__name__ = method.__qualname__ = name
-    _pow.__name__, _conjugate.__name__ = "__pow__", "conjugate"
-    _pow.__qualname__, _conjugate.__qualname__ = "GPUScalar.__pow__", "GPUScalar.conjugate"
     methods.update(__pow__=_pow, conjugate=_conjugate)
     for name, method in methods.items():
         setattr(cls, name, method)
