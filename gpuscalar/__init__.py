@@ -4,8 +4,9 @@ The public API, re-exported from the modules that implement it (see README, "Arc
 Importing gpuscalar never imports CuPy.
 """
 
-# GPUScalar's operators and array operations first: they register behind its hooks
-from . import arrays, operators  # noqa: F401, I001
+# The modules that install GPUScalar's members first, in their order (operators, their array
+# path, the NumPy and CuPy entry points): before anything makes a scalar
+from . import operators, arrays, math  # noqa: F401, I001
 from . import ad, distributed, linalg, optim, strict
 from .backend import Backend
 from .devices import default_backend, get_backend, gpu_available

@@ -6,8 +6,8 @@ Why this module exists: an array operation with a GPUScalar operand (``lr_expr *
 ``s`` (rule 1), refuse operands that cannot meet (rules 4-5), and compute a pending scalar
 inside the array kernel (`gpuscalar.lazy.fusion`): no launch and no sync of its own. Its
 decision is cached per operand kinds (`_ARRAY_CALLS`), so a repeated fold is a dict lookup and
-the launch. Built on `gpuscalar.scalar` and `gpuscalar.operators` (it registers `apply_ufunc` and
-`_array_call` behind GPUScalar's hooks, `scalar.register_hooks`).
+the launch. Built on `gpuscalar.scalar` and `gpuscalar.operators`; it installs itself on GPUScalar
+as the operators' array path (`install`: ``GPUScalar._array_call``, ``_apply_ufunc``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from .operators import _lazy_ufunc
 from .scalar import (
     _MISSING,
     _SCALAR_CLASSES,
+    GPUScalar,
     _array_of,
     _wrap,
-    register_hooks,
 )
 
 __all__ = ["apply_ufunc"]
@@ -324,4 +324,13 @@ def _fused(backend: Backend, name: str, operands: tuple[Any, ...], args: list[An
     return result
 
 
-register_hooks(apply_ufunc=apply_ufunc, array_call=_array_call)
+def install(cls: type[GPUScalar]) -> None:
+    """Install on GPUScalar (``cls``), once, at import, the path its operators take where an
+    operand is an array (`gpuscalar.operators` reaches this module only through the class):
+    ``_array_call`` (the cached decision: a fold is a dict lookup and the launch) and
+    ``_apply_ufunc`` (everything else)."""
+    cls._array_call = staticmethod(_array_call)  # type: ignore[method-assign]
+    cls._apply_ufunc = staticmethod(apply_ufunc)  # type: ignore[method-assign]
+
+
+install(GPUScalar)

@@ -9,9 +9,9 @@ operands (a pending node when lazy, through the operators' generated hot paths i
 The ufunc helpers are generated from one table, `MATH_FUNCTIONS` (a new helper is one row there,
 plus its name in ``gpuscalar/__init__.py``); ``where`` and ``clip`` are written out (``where``
 records its own node; ``clip`` is ``minimum(maximum(...))``). This module builds on
-`gpuscalar.scalar`, `.operators` and `.arrays`, never the reverse: GPUScalar's NumPy and CuPy
-hooks reach ``clip`` and the CuPy kernels that are no NumPy ufunc through
-`scalar.register_hooks`, called below.
+`gpuscalar.scalar`, `.operators` and `.arrays`, never the reverse. Being the top of those layers,
+it installs on GPUScalar the members that reach all of them (`install`): the entry points NumPy
+and CuPy call (``__array_ufunc__``, ``__cupy_override_elementwise_kernel__``) and ``s.clip``.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 import numpy as np
 
 from . import promote
-from .arrays import _common_backend, _operand_label, _stand_in, apply_ufunc
+from .arrays import _array_call, _common_backend, _operand_label, _stand_in, apply_ufunc
 from .backend import SCALAR_FUNCTIONS, Backend
 from .devices import backend_of
 from .lazy import expr
 from .lazy.expr import Node, make_node
 from .operators import (
     _FAST_TABLES,
+    _call_fast,
     _constant,
     _fast_function,
     _is_strong_kind,
@@ -47,7 +48,6 @@ from .scalar import (
     _pending,
     _wrap,
     asscalar,
-    register_hooks,
 )
 
 __all__ = ["MATH_FUNCTIONS", "HELPERS", "clip", "clip_call", "where", *(
@@ -394,5 +394,80 @@ def _lazy_where(condition: Any, x: Any, y: Any) -> GPUScalar | None:
     return _pending(classes[dtype.kind], node, dtype, device)
 
 
-register_hooks(clip_call=clip_call, route_cupy_kernel=_route_cupy_kernel)
+# ---- GPUScalar's members that reach every layer: installed on the class by `install` ---------
+def _clip_method(self: GPUScalar, min: Any = None, max: Any = None,  # noqa: A002
+                 out: Any = None) -> Any:
+    """``np.clip(s, lo, hi)`` and ``cupy.clip(s, lo, hi)`` (which call this method): as
+    `gpuscalar.clip` (a GPUScalar; an array where a bound is one), no sync."""
+    return clip_call(self, min, max, out=out)
+
+
+def _array_ufunc(self: GPUScalar, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    """NumPy's entry point (``np.sqrt(s)``, ``np.add(x, s)``): the operators' hot path where
+    it applies, else `apply_ufunc`."""
+    if "out" not in kwargs and any(type(i) is np.ndarray and not i.ndim for i in inputs):
+        # a NumPy scalar on the left (np.float32(0.1) == s) arrives as a 0-d array (rule 3)
+        inputs = tuple(i[()] if type(i) is np.ndarray and not i.ndim else i for i in inputs)
+    if not kwargs and method == "__call__":  # np.minimum(s, t), np.sin(s): the hot path
+        result = _call_fast(ufunc, inputs)
+        if result is not _MISSING:
+            return result
+    if method != "__call__":
+        return NotImplemented
+    if ufunc.__name__ == "clip" and getattr(np, "clip", None) is not ufunc:
+        # np.clip / x.clip: no NumPy ufunc by name
+        return clip_call(*inputs, **kwargs)
+    return apply_ufunc(ufunc.__name__, *inputs, **kwargs)
+
+
+def _cupy_kernel(self: GPUScalar, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """CuPy's hook for ``cupy.sqrt(s)``, ``x += s``, ``cupy.where``/``clip``/``copyto``
+    and user ``ElementwiseKernel`` calls.
+
+    A CuPy ufunc that is a NumPy ufunc goes through the promotion rules like a NumPy ufunc;
+    its outputs may come positionally (CuPy's in-place operators call ``_add(x, s, x)``),
+    and are then ``out=``, with NumPy's ``same_kind`` check. ``where`` and ``clip`` keep
+    the parity rule (`_route_cupy_kernel`); any other elementwise kernel (``copyto``'s copy,
+    ``fill``, a user kernel) receives each GPUScalar as its 0-d device array, which the kernel
+    reads on the device: no sync.
+    """
+    ufunc_name = self._backend.elementwise_ufunc_name(kernel)
+    if ufunc_name is not None and isinstance(getattr(np, ufunc_name, None), np.ufunc):
+        nin = kernel.nin
+        if len(args) > nin:  # outputs passed positionally: out=
+            if kwargs.get("out") is not None:
+                raise TypeError(f"{kernel.name}() got outputs both positionally and as out=")
+            outputs = args[nin:]
+            args = args[:nin]
+            kwargs["out"] = outputs[0] if len(outputs) == 1 else outputs
+        out = kwargs.get("out")
+        if any(type(o) in _SCALAR_CLASSES for o in (out if type(out) is tuple else (out,))):
+            raise TypeError(f"GPUScalars are immutable: one cannot be the output of "
+                            f"{kernel.name}")
+        if len(kwargs) == (out is not None):  # no keyword but out=: the cached decision
+            result = _array_call(ufunc_name, args, out)
+            if result is not _MISSING:
+                return result
+        return apply_ufunc(ufunc_name, *args, **kwargs)
+    return _route_cupy_kernel(self._backend, kernel, ufunc_name, args, kwargs)
+
+
+#: GPUScalar's members defined here: name -> function
+_MEMBERS: dict[str, Callable[..., Any]] = {
+    "clip": _clip_method,
+    "__array_ufunc__": _array_ufunc,
+    "__cupy_override_elementwise_kernel__": _cupy_kernel,
+}
+
+
+def install(cls: type[GPUScalar]) -> None:
+    """Install on GPUScalar (``cls``), once, at import, its members defined here (`_MEMBERS`):
+    before any per-backend class is made (`gpuscalar.scalar._classes_for` wraps
+    ``__array_ufunc__`` for CuPy)."""
+    for name, function in _MEMBERS.items():
+        function.__name__, function.__qualname__ = name, f"GPUScalar.{name}"
+        setattr(cls, name, function)
+
+
+install(GPUScalar)
 SCALAR_FUNCTIONS.update(clip=clip_call, where=where)  # for the strict device's xp.clip/xp.where

@@ -3,13 +3,13 @@
 Why this module exists: every operation on a GPUScalar (``s * t``, ``-s``, ``gs.sqrt(s)``,
 ``np.minimum(s, t)``) must record its node in far less time than the ~10 us launch it saves, so
 the operators are generated once per backend class with that backend's ufuncs and loop tables
-bound (`_install_fast_operators`, installed on the per-backend classes that
+bound (`_install_fast_operators`, run on the per-backend classes that
 `gpuscalar.scalar._classes_for` makes), and the base class gets thin general dunders from the
-same tables (`_install_operators`). `_lazy_ufunc` records any ufunc over scalars as pending
-node(s), with the loop `promote` chooses for the eager call; `_binary` is the dunders' general
-path. Built on `gpuscalar.scalar` (registered there through `scalar.register_hooks`, so that
-module never imports this one); array operands go on to `gpuscalar.arrays` through the same
-hooks.
+same tables. Both are registered on GPUScalar in one call, `install`, at import (the generator
+as its ``_generate_operators``), so `gpuscalar.scalar` never imports this module. `_lazy_ufunc`
+records any ufunc over scalars as pending node(s), with the loop `promote` chooses for the eager
+call; `_binary` is the dunders' general path. Array operands go on to `gpuscalar.arrays` through
+the class too (``GPUScalar._array_call`` and ``_apply_ufunc``, installed by that module).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from . import promote
-from . import scalar as scalar_module
 from .backend import Backend
 from .lazy import expr
 from .lazy.expr import KEY, SIZE, Node, make_node
@@ -57,8 +56,8 @@ def _binary(left: GPUScalar, right: Any, name: str, reflected: bool) -> Any:
         other = None
     else:  # an array (``lr_expr * g``: the fold, straight to its cached decision) or other
         operands = (right, left) if reflected else (left, right)
-        result = scalar_module._array_call(name, operands, None)  # (gpuscalar.arrays, a hook)
-        return scalar_module._apply_ufunc(name, *operands) if result is _MISSING else result
+        result = GPUScalar._array_call(name, operands, None)  # (gpuscalar.arrays's: `install`)
+        return GPUScalar._apply_ufunc(name, *operands) if result is _MISSING else result
     operands = (right, left) if reflected else (left, right)
     result = _lazy_ufunc(backend, name, operands, left.device, python_operator=True)
     if result is not None:
@@ -272,13 +271,19 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     strong class), so the result class is known without looking at dtypes. Everything else
     goes to the general paths. An operation is a dict lookup of its loop (per operand dtypes),
     the conversion of a Python number, and one node; eager evaluates that node at once.
+
+    The pending results are made as `gpuscalar.scalar._pending` (the one constructor of pending
+    scalars) makes them, its body written out in each operator: the call would cost about 1,000
+    host instructions an operation (2% of a fold, ``bench/host_instructions.py``). A test
+    (``test_every_pending_scalar_is_made_by_the_one_constructor``) keeps the objects equal.
     """
     fast_class = cls
     strong = cls._is_strong
     multi_device = backend.multi_device
     real_python_types = frozenset({bool, int, float})
     python_types = promote.PYTHON_SCALAR_TYPES
-    hooks = scalar_module  # `_array_call` (gpuscalar.arrays) is registered there
+    # the array path (gpuscalar.arrays's, installed on the class before any backend class is made)
+    array_call, apply_ufunc = cls._array_call, cls._apply_ufunc
     is_lazy = expr.is_lazy
     leaf_keys = expr.LEAF_KEYS
     max_nodes, keep_nodes = expr.MAX_NODES, expr.KEEP_NODES
@@ -292,8 +297,7 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             """The pending result of ``op`` on this scalar (a leaf of key ``mine_key``, or its
             node) and ``other`` (a node, leaf or constant of key ``other_key``); for divmod
             (``op``, ``dtype``: pairs) two results with the same children.
-            The result's class is this one (a real operation of real operands); the scalar is
-            made here, not by `_pending`: this is the hot path of every operator."""
+            The result's class is this one (a real operation of real operands)."""
             node = self._node
             if node is None:
                 mine, size = self._array, 1 + other_size
@@ -308,13 +312,12 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
                 children, keys = (mine, other), (mine_key, other_key)
             if pair:  # (op, op2), (dtype, dtype2): the second result below
                 op, op2, dtype, dtype2 = op[0], op[1], dtype[0], dtype[1]
+            # `_pending(cls, node, dtype, device)` written out (see above); its size check is
+            # the first half of ``evaluate_now``
             result: GPUScalar = new(cls)
-            result._node = make_node(op, children, keys, size)
-            result._array = None
-            result._used = False
-            result._dtype = dtype
-            result._device = self._device
-            result._host = _UNREAD
+            result._array, result._used, result._host = None, False, _UNREAD
+            result._node, result._dtype, result._device = (
+                make_node(op, children, keys, size), dtype, self._device)
             evaluate_now = size > max_nodes or not is_lazy()  # too large, or eager
             if evaluate_now:
                 _materialize(result)
@@ -385,12 +388,12 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             if kind not in real_python_types:
                 if kind not in python_types and kind not in _SCALAR_CLASSES:  # an array: a fold
                     operands = (other, self) if reflected else (self, other)
-                    found = hooks._array_call(name, operands, None)
+                    found = array_call(name, operands, None)
                     if found is not _MISSING:
                         return found
                 if python_operator:
                     return _binary(self, other, name, reflected)
-                return scalar_module._apply_ufunc(
+                return apply_ufunc(
                     name, *((other, self) if reflected else (self, other)), numpy_call=numpy_call)
             mine = self._dtype
             op, dtype, loop_type, other_key, add, mine_key = (
@@ -453,11 +456,10 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             if then is not None:
                 size += 1
                 node = make_node(then, (node,), (node[KEY],), size)
-            result: GPUScalar = new(result_class)
+            result: GPUScalar = new(result_class)  # `_pending`, written out (see above)
             result._array, result._used, result._host = None, False, _UNREAD
-            result._dtype, result._device = dtype, self._device
-            result._node = node
-            if size > max_nodes or not is_lazy():
+            result._node, result._dtype, result._device = node, dtype, self._device
+            if size > max_nodes or not is_lazy():  # too large, or eager
                 _materialize(result)
             return result
 
@@ -550,26 +552,46 @@ def _call_fast(name: Any, operands: tuple[Any, ...]) -> Any:
     return _MISSING
 
 
-def _install_operators() -> None:
+def _pow(self: GPUScalar, other: Any, modulo: Any = None) -> Any:
+    if modulo is not None:
+        raise TypeError("pow() with a modulus is not supported for GPUScalar")
+    return _binary(self, other, "power", False)
+
+
+_pow.__name__, _pow.__qualname__ = "__pow__", "GPUScalar.__pow__"
+
+
+def _conjugate(self: GPUScalar) -> GPUScalar:
+    """The complex conjugate (the scalar itself for a real dtype), a GPUScalar; no sync."""
+    if self._dtype.kind != "c":
+        return self
+    # as NumPy's ufunc on the scalar (`gpuscalar.arrays.apply_ufunc`'s scalar-only path)
+    return _lazy_ufunc(self._backend, "conjugate", (self,), self._device, numpy_call=True)
+
+
+_conjugate.__name__, _conjugate.__qualname__ = "conjugate", "GPUScalar.conjugate"
+
+
+def install(cls: type[GPUScalar]) -> None:
+    """THE registration of the operator generator on GPUScalar (``cls``), once, at import: the
+    base class's general operators from the tables (complex scalars use them), ``pow`` with its
+    modulus argument, ``conjugate``, and the generator of the per-backend classes' hot operators
+    (``cls._generate_operators(backend)``, which `gpuscalar.scalar._classes_for` calls on each
+    real per-backend class it makes)."""
+    methods: dict[str, Any] = {}
     for stem, ufunc_name in BINARY_OPERATORS.items():
         for dunder, reflected in ((f"__{stem}__", False), (f"__r{stem}__", True)):
-            if dunder in GPUScalar.__dict__:
-                continue
-            method = _make_binary(ufunc_name, reflected)
-            method.__name__ = method.__qualname__ = dunder
-            setattr(GPUScalar, dunder, method)
+            methods[dunder] = _make_binary(ufunc_name, reflected)
     for stem, ufunc_name in COMPARISON_OPERATORS.items():
-        method = _make_binary(ufunc_name, False)
-        method.__name__ = method.__qualname__ = f"__{stem}__"
-        setattr(GPUScalar, f"__{stem}__", method)
+        methods[f"__{stem}__"] = _make_binary(ufunc_name, False)
     for stem, ufunc_name in UNARY_OPERATORS.items():
-        method = _make_unary(ufunc_name)
-        method.__name__ = method.__qualname__ = f"__{stem}__"
-        setattr(GPUScalar, f"__{stem}__", method)
+        methods[f"__{stem}__"] = _make_unary(ufunc_name)
+    for name, method in methods.items():
+        method.__name__ = method.__qualname__ = name
+    methods.update(__pow__=_pow, conjugate=_conjugate)
+    for name, method in methods.items():
+        setattr(cls, name, method)
+    cls._generate_operators = classmethod(_install_fast_operators)  # type: ignore[assignment]
 
 
-_install_operators()
-
-
-scalar_module.register_hooks(install_fast_operators=_install_fast_operators, call_fast=_call_fast,
-                             binary=_binary)
+install(GPUScalar)

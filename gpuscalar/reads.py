@@ -66,16 +66,9 @@ def read_pending(scalar: Any, reason: str) -> Any:
     if not unknown:
         return _on_host(node, leaves)
     extras = tuple(unknown)
-    executor = scalar._executor
-    read: list[Any] = []
-
-    def evaluate_and_pack() -> Any:
-        array, packed = executor.read(node, scalar._device, extras)
-        read.append(array)
-        return array if packed is None else packed
-
-    host = sync.to_host(scalar._backend, evaluate_and_pack, reason)
-    array = read[0]
+    sync.admit(reason)  # the guard first: a refused read launches nothing
+    array, packed = scalar._executor.read(node, scalar._device, extras)
+    host = sync.to_host(scalar._backend, array if packed is None else packed, None)
     if isinstance(host, np.ndarray):  # packed: the value, then each unknown leaf
         values = fusion.unpack(host, [node.op.dtype, *(leaves[i].dtype for i in extras)])
         host = values[0]

@@ -15,11 +15,13 @@ the scalar's class): in one kernel, or folded into the consuming array kernel.
 operation, with the same numbers.
 
 This module holds the scalar itself (the class, host reads and exports, the per-backend weak
-and strong classes, pending scalars, `asscalar`); `gpuscalar.operators`, `.arrays` and `.math`
-build on it (its operators, array operations and helpers, reached through `register_hooks`, so
-this module imports none of them), `gpuscalar.reads` answers a pending scalar's host read and
-`gpuscalar.known` keeps the values read. All internal access to the wrapped array goes through
-`_array_of`, which materializes a pending expression.
+and strong classes, pending scalars and their one constructor `_pending`, `asscalar`);
+`gpuscalar.operators`, `.arrays` and `.math` build on it and install, each once at import, the
+members of GPUScalar they own (its operators and their generator; the operators' array path;
+the NumPy and CuPy entry points and ``clip``: see their ``install``), so this module imports none
+of them and keeps no function of theirs. `gpuscalar.reads` answers a pending scalar's host read
+and `gpuscalar.known` keeps the values read. All internal access to the wrapped array goes
+through `_array_of`, which materializes a pending expression.
 
 Handed to CuPy, a GPUScalar goes through CuPy's own dispatch: CuPy's ufuncs and elementwise
 kernels call its ``__cupy_override_elementwise_kernel__`` (in-place operators with the output
@@ -33,7 +35,6 @@ from __future__ import annotations
 import numbers
 import sys
 import threading
-from collections.abc import Callable
 from operator import index as operator_index
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -116,38 +117,13 @@ class _Unary(Protocol):
     def __call__(self) -> GPUScalar: ...
 
 
-def _unregistered(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError("gpuscalar.scalar was used before the modules that register its hooks "
-                       "(gpuscalar.operators, .arrays, .math); import gpuscalar itself")
+class _Pow(Protocol):
+    """``s ** x`` and ``pow(s, x)`` (a modulus raises TypeError)."""
 
-
-#: The functions GPUScalar dispatches to in the modules that build on this one (so this one
-#: cannot import them): the operator generator and the dunders' general path
-#: (`gpuscalar.operators`: ``install_fast_operators``, ``call_fast``, ``binary``), array
-#: operations (`gpuscalar.arrays`: ``apply_ufunc``, ``array_call``) and the helpers
-#: (`gpuscalar.math`: ``clip_call``, ``route_cupy_kernel``). Module globals, set by
-#: `register_hooks` when those modules are imported (importing gpuscalar does): a hook costs a
-#: global lookup, as a function of this module would.
-_install_fast_operators: Callable[[type, Backend], None] = _unregistered
-_call_fast: Callable[[Any, tuple[Any, ...]], Any] = _unregistered
-_binary: Callable[[GPUScalar, Any, str, bool], Any] = _unregistered
-_apply_ufunc: Callable[..., Any] = _unregistered
-_array_call: Callable[[str, tuple[Any, ...], Any], Any] = _unregistered
-_clip_call: Callable[..., Any] = _unregistered
-_route_cupy_kernel: Callable[..., Any] = _unregistered
-_HOOKS = frozenset({"install_fast_operators", "call_fast", "binary", "apply_ufunc", "array_call",
-                    "clip_call", "route_cupy_kernel"})
-
-
-def register_hooks(**functions: Callable[..., Any]) -> None:
-    """Install functions of the modules building on this one behind GPUScalar's hooks (the
-    names in `_HOOKS`)."""
-    unknown = set(functions) - _HOOKS
-    if unknown:
-        raise TypeError(f"register_hooks: unknown hook(s) {sorted(unknown)}; known: "
-                        f"{sorted(_HOOKS)}")
-    for name, function in functions.items():
-        globals()[f"_{name}"] = function
+    @overload
+    def __call__(self, other: GPUScalar | float, modulo: None = None, /) -> GPUScalar: ...
+    @overload
+    def __call__(self, other: Any, modulo: Any = None, /) -> Any: ...
 
 
 class GPUScalar:
@@ -240,7 +216,12 @@ class GPUScalar:
 
     shape, ndim, size = (), 0, 1
 
-    if TYPE_CHECKING:  # the operators installed from the tables below; a test keeps both equal
+    # Installed at import by the modules that own them (this module imports none of them):
+    # the operators, from the tables above, and their per-backend generator
+    # (`gpuscalar.operators.install`); the operators' array path (`gpuscalar.arrays.install`);
+    # the NumPy and CuPy entry points and ``clip`` (`gpuscalar.math.install`). Their static
+    # types are declared here; tests keep both equal.
+    if TYPE_CHECKING:
         __add__: _Binary
         __radd__: _Binary
         __sub__: _Binary
@@ -279,6 +260,21 @@ class GPUScalar:
         __floor__: _Unary
         __ceil__: _Unary
         __trunc__: _Unary
+        __pow__: _Pow
+
+        def conjugate(self) -> GPUScalar: ...
+        def clip(self, min: Any = None, max: Any = None,  # noqa: A002
+                 out: Any = None) -> Any: ...
+        def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any: ...
+        def __cupy_override_elementwise_kernel__(self, kernel: Any, *args: Any,
+                                                 **kwargs: Any) -> Any: ...
+        @classmethod
+        def _generate_operators(cls, backend: Backend) -> None: ...
+        @staticmethod
+        def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any: ...
+        @staticmethod
+        def _apply_ufunc(name: str, *operands: Any, numpy_call: bool = True,
+                         **kwargs: Any) -> Any: ...
 
     # ---- host reads: each at most one counted transfer, then cached ----------------------
     def _host_value(self, reason: str) -> Any:
@@ -387,64 +383,6 @@ class GPUScalar:
             return _wrap(backend, _make_array(backend, 0, self._dtype, self._device))
         return _wrap(backend, backend.call(backend.xp.imag, _array_of(self)))
 
-    def clip(self, min: Any = None, max: Any = None, out: Any = None) -> Any:  # noqa: A002
-        """``np.clip(s, lo, hi)`` and ``cupy.clip(s, lo, hi)`` (which call this method): as
-        `gpuscalar.clip` (a GPUScalar; an array where a bound is one), no sync."""
-        return _clip_call(self, min, max, out=out)
-
-    def conjugate(self) -> GPUScalar:
-        """The complex conjugate (the scalar itself for a real dtype), a GPUScalar; no sync."""
-        if self._dtype.kind != "c":
-            return self
-        return _apply_ufunc("conjugate", self)
-
-    # ---- device operations ---------------------------------------------------------------
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        if "out" not in kwargs and any(type(i) is np.ndarray and not i.ndim for i in inputs):
-            # a NumPy scalar on the left (np.float32(0.1) == s) arrives as a 0-d array (rule 3)
-            inputs = tuple(i[()] if type(i) is np.ndarray and not i.ndim else i for i in inputs)
-        if not kwargs and method == "__call__":  # np.minimum(s, t), np.sin(s): the hot path
-            result = _call_fast(ufunc, inputs)
-            if result is not _MISSING:
-                return result
-        if method != "__call__":
-            return NotImplemented
-        if ufunc.__name__ == "clip" and getattr(np, "clip", None) is not ufunc:
-            # np.clip / x.clip: no NumPy ufunc by name
-            return _clip_call(*inputs, **kwargs)
-        return _apply_ufunc(ufunc.__name__, *inputs, **kwargs)
-
-    def __cupy_override_elementwise_kernel__(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        """CuPy's hook for ``cupy.sqrt(s)``, ``x += s``, ``cupy.where``/``clip``/``copyto``
-        and user ``ElementwiseKernel`` calls.
-
-        A CuPy ufunc that is a NumPy ufunc goes through the promotion rules like a NumPy ufunc;
-        its outputs may come positionally (CuPy's in-place operators call ``_add(x, s, x)``),
-        and are then ``out=``, with NumPy's ``same_kind`` check. ``where`` and ``clip`` keep
-        the parity rule (`gpuscalar.math._route_cupy_kernel`); any other elementwise kernel
-        (``copyto``'s copy, ``fill``, a user kernel) receives each GPUScalar as its 0-d device
-        array, which the kernel reads on the device: no sync.
-        """
-        ufunc_name = self._backend.elementwise_ufunc_name(kernel)
-        if ufunc_name is not None and isinstance(getattr(np, ufunc_name, None), np.ufunc):
-            nin = kernel.nin
-            if len(args) > nin:  # outputs passed positionally: out=
-                if kwargs.get("out") is not None:
-                    raise TypeError(f"{kernel.name}() got outputs both positionally and as out=")
-                outputs = args[nin:]
-                args = args[:nin]
-                kwargs["out"] = outputs[0] if len(outputs) == 1 else outputs
-            out = kwargs.get("out")
-            if any(type(o) in _SCALAR_CLASSES for o in (out if type(out) is tuple else (out,))):
-                raise TypeError(f"GPUScalars are immutable: one cannot be the output of "
-                                f"{kernel.name}")
-            if len(kwargs) == (out is not None):  # no keyword but out=: the cached decision
-                result = _array_call(ufunc_name, args, out)
-                if result is not _MISSING:
-                    return result
-            return _apply_ufunc(ufunc_name, *args, **kwargs)
-        return _route_cupy_kernel(self._backend, kernel, ufunc_name, args, kwargs)
-
     def __round__(self, ndigits: int | None = None) -> GPUScalar:
         """As Python's ``round`` of the number this scalar replaces: an int64 GPUScalar without
         ``ndigits`` (half to even), else a float64 one for a float (an int64 for an int); no
@@ -473,16 +411,6 @@ class GPUScalar:
         """The exact ratio of the value (a read, as ``float.as_integer_ratio`` needs the
         value): what ``statistics`` and ``fractions.Fraction`` ask a number for."""
         return self._host_value("as_integer_ratio").as_integer_ratio()
-
-    @overload
-    def __pow__(self, other: GPUScalar | float, modulo: None = None) -> GPUScalar: ...
-    @overload
-    def __pow__(self, other: Any, modulo: Any = None) -> Any: ...
-
-    def __pow__(self, other: Any, modulo: Any = None) -> Any:
-        if modulo is not None:
-            raise TypeError("pow() with a modulus is not supported for GPUScalar")
-        return _binary(self, other, "power", False)
 
 
 #: (dtype, no ndigits, decimals) -> (the ops ``round`` applies in turn, the result dtype): a
@@ -591,6 +519,13 @@ def _classes_for(backend: Backend) -> dict[str, type]:
 _CLASSES_LOCK = threading.Lock()
 
 
+def _install_fast_operators(cls: Any, backend: Backend) -> None:
+    """Give the real per-backend class ``cls`` its hot operators, with ``backend``'s ufuncs
+    bound: made by the operator generator that `gpuscalar.operators.install` registered on
+    GPUScalar (``_generate_operators``)."""
+    cls._generate_operators(backend)
+
+
 def _wrap(backend: Backend, result: Any) -> GPUScalar:
     """Private fast constructor for internal results (already validated)."""
     if type(result) is not np.ndarray and isinstance(result, np.generic):
@@ -608,7 +543,9 @@ def _wrap(backend: Backend, result: Any) -> GPUScalar:
 
 def _pending(cls: type, node: Node, dtype: np.dtype, device: object) -> GPUScalar:
     """A GPUScalar of class ``cls`` (one of `_classes_for`'s) holding the expression ``node``
-    (materialized at once past the size bound)."""
+    (materialized at once past the size bound): the one constructor of pending scalars. The
+    operators' hot paths write its body out (`gpuscalar.operators._install_fast_operators`
+    says why; a test keeps them making the same object)."""
     scalar: GPUScalar = _new_object(cls)
     scalar._array, scalar._used, scalar._host = None, False, _UNREAD
     scalar._node, scalar._dtype, scalar._device = node, dtype, device

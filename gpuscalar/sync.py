@@ -3,9 +3,11 @@
 Why this module exists: a device→host read stalls the GPU pipeline, and users cannot see where it
 happens. Every host read in gpuscalar goes through `to_host`, which (1) applies the active
 `sync_guard` *before* any transfer, (2) records the read with the user's call site in every
-counter that listens, and (3) only then copies the value. On the NumPy backend the copy costs
-nothing but is counted the same way, which is what makes sync-count tests meaningful on a
-machine without a GPU.
+counter that listens, and (3) only then copies the value. A caller with work to do between (1-2)
+and (3) (a pending expression's evaluation, which a refused read must not launch) makes steps
+(1-2) itself first, `admit`, and then calls `to_host` without a reason. On the NumPy backend
+the copy costs nothing but is counted the same way, which is what makes sync-count tests
+meaningful on a machine without a GPU.
 
 Guard modes and `count_syncs()` counters live in `contextvars`, so they are per thread and per
 asyncio task, nest, and are restored on exit. Modelled on CuPy's syncdetect.
@@ -91,6 +93,7 @@ __all__ = [
     "sync_guard",
     "total_syncs",
     "to_host",
+    "admit",
     "note_device_op",
     "one_device_op",
     "inside_device_op",
@@ -281,33 +284,49 @@ def _check_guard_and_record(reason: str, cupy_only: bool) -> None:
             counter.records.append(record)  # (one atomic append: counters shared by threads)
 
 
-def to_host(backend: Backend, array: Any, reason: str) -> Any:
+def admit(reason: str) -> None:
+    """The guard and record step of one read, for a caller with work to do before the transfer
+    that a refused read must not do (a pending expression's evaluation: nothing launches); it
+    then calls ``to_host(backend, array, None)``. Under ``sync_guard("error")`` this raises
+    `SyncError`; otherwise the read is warned about as the guard says, recorded in the counters
+    that listen and counted. With nobody listening it only counts."""
+    if _counting() or _guard_mode.get() != "allow":
+        _check_guard_and_record(reason, cupy_only=False)
+    next(_reads)
+
+
+def to_host(backend: Backend, array: Any, reason: str | None) -> Any:
     """Copy the 0-d ``array`` to the host as a Python scalar: the one counted sync.
 
-    The guard is checked before the transfer, so under ``sync_guard("error")`` nothing moves.
-    ``array`` may be a function returning the array (a pending expression's evaluation): it is
-    called only once the read is allowed, so a refused read launches nothing either.
+    The read is admitted first (`admit`: the guard before the transfer, so under
+    ``sync_guard("error")`` nothing moves; then the record and the count), here with ``reason``;
+    ``reason`` None says the caller admitted it already (`admit`), before evaluating ``array``.
     With nobody listening (no counter sees this context, guard ``"allow"``) no frame is walked
     and no record built.
     """
+    if reason is None:  # admitted by the caller
+        if _counting():
+            return _read_observed(backend, array)
+        return backend.read_scalar(array)
+    if callable(array):  # (the older form of the two steps: a function returning the array,
+        # called once the read is admitted)
+        admit(reason)
+        return to_host(backend, array(), None)
     if _counting() or _guard_mode.get() != "allow":
-        return _observed_read(backend, array, reason)
+        _check_guard_and_record(reason, cupy_only=False)
+        next(_reads)
+        return _read_observed(backend, array)
     next(_reads)
-    if callable(array):
-        array = array()
     return backend.read_scalar(array)
 
 
 _counting = _active_counters.get  # (`ledger.counting`: truthy while any counter sees us)
 
 
-def _observed_read(backend: Backend, array: Any, reason: str) -> Any:
-    """`to_host` while someone listens or a guard is set: guard, record, then read."""
-    _check_guard_and_record(reason, cupy_only=False)
-    next(_reads)
-    if callable(array):
-        array = array()
-    token = _in_gpuscalar_read.set(True)  # the library's own declaration of this read is ours
+def _read_observed(backend: Backend, array: Any) -> Any:
+    """The transfer of an admitted read while someone listens: the library's own declaration of
+    this read (CuPy's syncdetect, the strict device) is not counted again."""
+    token = _in_gpuscalar_read.set(True)
     try:
         return backend.read_scalar(array)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import numbers
 import operator
@@ -583,12 +584,12 @@ def _type_checking_names(path: str, class_name: str | None) -> set[str]:
 
 def test_declared_operator_types_match_the_operator_tables():
     """GPUScalar's operators are generated from the tables; their static types are declared by
-    hand in the class. Both name exactly the same dunders (``__pow__`` is written out, with its
-    three-argument form), so a new table row without a declaration (or the reverse) fails."""
+    hand in the class. Both name exactly the same dunders (``__pow__`` with its three-argument
+    form), so a new table row without a declaration (or the reverse) fails."""
     generated = {f"__{prefix}{stem}__" for stem in BINARY_OPERATORS for prefix in ("", "r")}
     generated |= {f"__{stem}__" for stem in (*COMPARISON_OPERATORS, *UNARY_OPERATORS)}
     declared = _type_checking_names("scalar.py", "GPUScalar")
-    assert declared | {"__pow__"} == generated
+    assert declared == generated
     for name in generated:  # and each is there at run time, on every concrete class
         assert callable(getattr(type(gs.asscalar(1.0)), name))
 
@@ -619,18 +620,35 @@ def test_an_expression_kept_inside_a_loop_body_is_used_with_its_value(xp):
     np.testing.assert_array_equal(host(x), [30.25])
 
 
-def test_scalar_hooks_refuse_an_unknown_name():
-    """The modules built on gpuscalar.scalar register behind named hooks; a misspelt name is
-    an error naming it, never a silently unused function."""
+def test_the_modules_above_install_every_declared_member_on_the_class():
+    """gpuscalar.operators, .arrays and .math install GPUScalar's members they own on the class
+    itself, once, at import (their ``install``): every member the class declares for type
+    checkers is there at run time, defined by one of them, and gpuscalar.scalar keeps no
+    function of theirs (no hook slots)."""
+    import ast  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
     from gpuscalar import scalar as scalar_module  # noqa: PLC0415
 
-    with pytest.raises(TypeError, match=r"unknown hook\(s\) \['clip'\]"):
-        scalar_module.register_hooks(clip=lambda *args: None)
+    tree = ast.parse((Path(gs.__file__).parent / "scalar.py").read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPUScalar").body
+    block = next(n for n in body
+                 if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    declared = {n.target.id if isinstance(n, ast.AnnAssign) else n.name for n in block.body}
+    above = {"gpuscalar.operators", "gpuscalar.arrays", "gpuscalar.math"}
+    for name in declared:
+        member = inspect.getattr_static(gs.GPUScalar, name)
+        function = getattr(member, "__func__", member)
+        assert function.__module__ in above, name
+        assert getattr(type(gs.asscalar(1.0)), name) is not None
+    leaked = {name for name, value in vars(scalar_module).items()
+              if callable(value) and getattr(value, "__module__", None) in above}
+    assert not leaked
 
 
 def test_the_scalar_layers_import_downwards_only_and_stay_small():
     """gpuscalar.scalar (the scalar itself) imports none of the modules built on it
-    (operators, arrays, math: they reach it through `register_hooks`), operators imports
+    (operators, arrays, math: they install its members on the class), operators imports
     neither arrays nor math, arrays not math; and none of the four exceeds 800 lines."""
     import ast  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
@@ -648,3 +666,25 @@ def test_the_scalar_layers_import_downwards_only_and_stay_small():
                     imported.update(alias.name for alias in node.names)
         assert not imported & forbidden, (module, imported & forbidden)
         assert len(source.splitlines()) <= 800, module
+
+
+def test_every_pending_scalar_is_made_by_the_one_constructor(xp):
+    """Pending scalars have one constructor, `gpuscalar.scalar._pending`: the operators' hot
+    paths (binary, divmod's pair, one-operand, the folded add), the general path and the
+    helpers make exactly the object it makes from the same node (class and every slot)."""
+    from gpuscalar import scalar as scalar_module  # noqa: PLC0415
+
+    s = gs.asscalar(1.5, like=xp.zeros(1))
+    t = gs.asscalar(2.0, like=xp.zeros(1))
+    n = gs.asscalar(3, like=xp.zeros(1))
+    with gs.lazy(True):
+        made = [s * 2.0, 2.0 * s, s * t, *divmod(s, t), -s, math.floor(s), (n + 1) + 1,
+                np.sqrt(s), gs.minimum(s, 1.0), gs.where(s > t, s, t), (s + 1j) * 2.0,
+                round(s, 1)]
+    for result in made:
+        assert not result.is_materialized
+        again = scalar_module._pending(type(result), result._node, result._dtype,
+                                       result._device)
+        assert type(again) is type(result)
+        for slot in gs.GPUScalar.__slots__:
+            assert getattr(again, slot) is getattr(result, slot), slot

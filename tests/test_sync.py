@@ -70,6 +70,27 @@ def test_error_guard_does_not_call_the_backend_read(monkeypatch):
     assert calls == []
 
 
+def test_a_read_admitted_first_is_guarded_recorded_and_counted_once(monkeypatch):
+    """`sync.admit` is the guard and record step of a read whose caller evaluates the array
+    between it and the transfer (``to_host(backend, array, None)``): refused, nothing after it
+    runs; allowed, the read is recorded and counted once, as ``to_host`` with a reason does."""
+    calls = []
+    real_read = NUMPY.read_scalar
+    monkeypatch.setattr(NUMPY, "read_scalar", lambda array: calls.append(array) or real_read(array))
+    with gs.sync_guard("error"), pytest.raises(gs.SyncError, match="a reason"):
+        sync.admit("a reason")
+    before = gs.total_syncs()
+    with gs.count_syncs() as counter:
+        sync.admit("a reason")
+        assert sync.to_host(NUMPY, np.asarray(2.5), None) == 2.5
+        assert sync.to_host(NUMPY, np.asarray(1.5), "another") == 1.5
+    assert [r.reason for r in counter.records] == ["a reason", "another"]
+    assert gs.total_syncs() == before + 2 and len(calls) == 2
+    sync.admit("unobserved")  # nobody listening: counted only
+    assert sync.to_host(NUMPY, np.asarray(0.5), None) == 0.5
+    assert gs.total_syncs() == before + 3
+
+
 def test_guards_nest_and_restore():
     default = sync._guard_mode.get()
     s, t = gs.sum(np.ones(2)), gs.sum(np.ones(3))
