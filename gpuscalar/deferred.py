@@ -175,8 +175,8 @@ def _read_entries(backend: Backend, device: object, entries: list[Any],
             packed_entries.append((item, ()))
             dtypes.append(item.dtype)
     dtypes += [leaf.dtype for leaf in extra_leaves]
-    host = sync.to_host(backend, lambda: fusion.pack_values(backend, device, packed_entries),
-                        "read")
+    sync.admit("read")  # the guard first: a refused read launches nothing
+    host = sync.to_host(backend, fusion.pack_values(backend, device, packed_entries), None)
     unpacked = fusion.unpack(np.asarray(host).view(np.uint8), dtypes)
     for item, value, owners in zip(entries, unpacked, waiting, strict=False):
         for position, owner in owners:

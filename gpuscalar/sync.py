@@ -308,10 +308,6 @@ def to_host(backend: Backend, array: Any, reason: str | None) -> Any:
         if _counting():
             return _read_observed(backend, array)
         return backend.read_scalar(array)
-    if callable(array):  # (the older form of the two steps: a function returning the array,
-        # called once the read is admitted)
-        admit(reason)
-        return to_host(backend, array(), None)
     if _counting() or _guard_mode.get() != "allow":
         _check_guard_and_record(reason, cupy_only=False)
         next(_reads)

@@ -293,7 +293,8 @@ class CudaRing:
             self._not_capturing("flush")
             if self._staging is None:
                 self._staging = _device_buffer(self._nbytes)
-            last = sync.to_host(CUPY, lambda: self._snapshot(seam.current_stream()), "flush")
+            sync.admit("flush")  # the guard first: a refused read launches nothing
+            last = sync.to_host(CUPY, self._snapshot(seam.current_stream()), None)
             done = []
             while self._in_flight:  # the compute stream waited for them before that read
                 transfer = self._in_flight.popleft()

@@ -36,7 +36,8 @@ def all_reduce(backend: CupyBackend, comm: MpiComm, device: object, arrays: list
                 comm.comm.Allreduce(MPI.IN_PLACE, _message(backend, buffer), op=mpi_op)
             return backend.call(join, backend.xp, buffers)
 
-        host = np.asarray(sync.to_host(backend, collective, "all_reduce"))
+        sync.admit("all_reduce")  # the guard first: a refused read sends nothing
+        host = np.asarray(sync.to_host(backend, collective(), None))
         _, host_values = results_on_host(host, groups, arrays, op, comm.size)
         results = backend.call(unpack, backend.xp, buffers, groups, arrays, op, comm.size)
     return results, host_values

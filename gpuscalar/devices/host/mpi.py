@@ -42,7 +42,8 @@ def all_reduce(backend: Backend, comm: MpiComm, device: object, arrays: list[Any
                 comm.comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
             return backend.from_host_data(join(np, buffers), arrays[0])
 
-        host = np.asarray(sync.to_host(backend, collective, "all_reduce"))
+        sync.admit("all_reduce")  # the guard first: a refused read sends nothing
+        host = np.asarray(sync.to_host(backend, collective(), None))
         values, host_values = results_on_host(host, groups, arrays, op, comm.size)
         results = backend.call(own, backend, values, arrays)  # one device op
     return results, host_values
