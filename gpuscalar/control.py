@@ -38,7 +38,7 @@ import numpy as np
 
 from .backend import Backend
 from .bodies import predicate_array, refuse_scalar_state
-from .devices import NUMPY, backend_of, default_backend
+from .devices import HOST, backend_of, default_backend
 from .scalar import GPUScalar
 
 __all__ = ["while_loop", "cond", "Loops"]
@@ -160,6 +160,6 @@ def cond(pred: Any, true_fn: Callable[..., Any] | None, false_fn: Callable[..., 
     elif isinstance(pred, GPUScalar) or backend_of(pred) is not None:
         backend, device = _placement("cond", (pred, *operands))
     else:  # not a device value: the error saying what a predicate is
-        raise AssertionError(predicate_array(pred, NUMPY, "cond"))  # (always raises)
+        raise AssertionError(predicate_array(pred, HOST, "cond"))  # (always raises)
     loops: Loops = backend.executor("loops")
     loops.cond(pred, true_fn, false_fn, operands, device)

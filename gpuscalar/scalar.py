@@ -42,7 +42,7 @@ import numpy as np
 
 from . import known, ledger, promote, reads, sync
 from .backend import Backend
-from .devices import NUMPY, backend_of, get_backend
+from .devices import HOST, backend_of, get_backend
 from .lazy import expr, fusion
 from .lazy.expr import SIZE, Node, make_node
 
@@ -162,7 +162,7 @@ class GPUScalar:
         fresh = False
         if backend is None:
             if isinstance(array, np.generic):
-                array, backend, fresh = np.asarray(array), NUMPY, True
+                array, backend, fresh = np.asarray(array), HOST, True
             elif cls is not GPUScalar and isinstance(array, (numbers.Rational, numbers.Real)) \
                     and type(array) not in promote.PYTHON_SCALAR_TYPES:
                 # a concrete class called with a Fraction or Decimal: `statistics` converts its
@@ -687,7 +687,7 @@ def asscalar(value: Any, *, like: Any = None, dtype: Any = None) -> GPUScalar:
         raise TypeError(f"asscalar() supports bool, integer, floating and complex dtypes, "
                         f"got {target_dtype}")
     if backend is None:
-        backend = source_backend or NUMPY
+        backend = source_backend or HOST
     if source_backend is not None and source_backend is not backend:
         raise TypeError(
             f"asscalar(): the value is a {source_backend.name} device value and like= is "

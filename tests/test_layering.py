@@ -242,3 +242,47 @@ def test_an_executor_slot_is_imported_on_first_use_and_made_once(monkeypatch):
         assert "the planted device has no 'graphs' executor (it has: loops)" in str(error)
     else:
         raise AssertionError("an unknown slot must be a LookupError")
+
+
+#: the names of the devices' instances (a module outside the wings that names one picks a device)
+DEVICE_NAMES = {"NUMPY", "STRICT", "CUPY"}
+#: where naming them is the point: the registry and the public `gs.strict` module
+DEVICE_NAMERS = {"devices/__init__.py", "strict.py"}
+
+
+def _names_a_device(path: pathlib.Path) -> list[str]:
+    """Each place ``path`` names a device's instance: a bare name, an attribute
+    (``devices.CUPY``) or an imported name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Name) and node.id in DEVICE_NAMES:
+            found.append(f"{node.lineno}: {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in DEVICE_NAMES:
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if a.name in DEVICE_NAMES]
+    return found
+
+
+def test_no_module_outside_the_wings_names_a_device():
+    """Features reach a device through its backend (`backend_of`, `default_backend`,
+    `Backend.executor`), and host values through `devices.HOST`, a role: a module outside
+    `gpuscalar/devices/` that names NUMPY, STRICT or CUPY has picked a device itself."""
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        relative = str(path.relative_to(PACKAGE))
+        if relative.startswith("devices/") and relative != "devices/__init__.py":
+            continue
+        if relative in DEVICE_NAMERS:
+            continue
+        hits = _names_a_device(path)
+        if hits:
+            offenders[relative] = hits
+    assert offenders == {}
+
+
+def test_the_device_name_checker_finds_each_form(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from .devices import CUPY\nx = devices.STRICT\ny = NUMPY\n")
+    assert _names_a_device(planted) == ["1: import CUPY", "2: .STRICT", "3: NUMPY"]

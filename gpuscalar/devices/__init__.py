@@ -26,6 +26,7 @@ from .strict.device import STRICT
 __all__ = [
     "Backend",
     "NUMPY",
+    "HOST",
     "STRICT",
     "CUPY",
     "BACKENDS",
@@ -40,6 +41,11 @@ __all__ = [
 #: Checked in order by `backend_of`; NumPy last, because other array types may subclass or
 #: wrap ndarray. A new device is one more entry here (or a `register_backend` call).
 BACKENDS: list[Backend] = [CUPY, STRICT, NUMPY]
+
+#: The backend of host memory: where a Python number or a host NumPy array lives (a role the
+#: features need, "the host", not a device they pick: code outside the wings names this, never
+#: a device)
+HOST: Backend = NUMPY
 
 
 def register_backend(backend: Backend) -> None:

@@ -250,8 +250,9 @@ LEGEND = ("legend: 'a -> b -> c' = float path -> gpuscalar path -> gpuscalar + c
 
 
 def cpu_note(backend: devices.Backend) -> str | None:
-    """On a CPU backend, what the times mean and what carries over to a GPU; None on CuPy."""
-    if backend is devices.CUPY:
+    """Where the backend evaluates on the host (NumPy, the strict device), what the times mean
+    and what carries over to a GPU; None on a GPU."""
+    if not backend.evaluates_on_host:
         return None
     return (f"No GPU: times are CPU times ({backend.name}), where a sync is free and a launch "
             "costs ~0.5 us, so they measure gpuscalar's Python overhead, not what it saves. "
