@@ -335,7 +335,10 @@ class CupyBackend(Backend):
         return cupy is not None and isinstance(value, cupy.ndarray)
 
     def device_of(self, array: Any) -> object:
-        return array.device.id
+        # the allocation's device id, read without the ``Device`` object ``array.device`` makes
+        # (the same id: CuPy's ``ndarray.device`` is ``Device(array.data.device_id)``); every
+        # fold and optimizer step asks it
+        return array.data.device_id
 
     def devices_of(self, arrays: Iterable[Any]) -> Iterable[object]:
         return map(_CUPY_DEVICE_ID, arrays)  # (the allocation's device: array.device.id)

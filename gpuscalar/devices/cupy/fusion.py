@@ -294,9 +294,13 @@ def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[
     churning structure: nothing was launched)."""
     args = [*operands[:position], *expr.leaves_of(root), *operands[position + 1:]]
     out = kwargs.get("out")
-    outs = () if out is None else (out,)
-    if outs and _any_overlap(outs, args, CUPY.xp.ndarray):
-        return NotImplemented  # partial overlap: the general path copies inputs first
+    if out is None:
+        outs: tuple = ()
+    else:
+        outs = (out,)
+        if _any_overlap(outs, args, CUPY.xp.ndarray):
+            return NotImplemented  # partial overlap: the general path copies inputs first
+        args.append(out)  # (the launch's arguments: the inputs, then the output)
     plan_key = (key, root[KEY])
     plan = _PLANS.hit(plan_key, _NO_PLAN)
     if plan is _NO_PLAN:
@@ -304,17 +308,16 @@ def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[
         if _any_splits(pending):
             return NotImplemented
         plan = _PLANS.get(plan_key, _make_plan, CUPY, name, operands, kwargs, pending, _NO_KEEP,
-                          outs, args)
+                          outs, args[:len(args) - len(outs)])
     if plan is None:
         return NotImplemented
-    kernel = plan[0]
     if device is None:
         device = CUPY.device_of(args[plan[3]])
     if CUPY.seam.is_current_device(device):
-        result = CUPY.call(kernel, *args, *outs)
+        result = CUPY.call(plan[0], *args)
     else:
         with CUPY.device_context(device):
-            result = CUPY.call(kernel, *args, *outs)
+            result = CUPY.call(plan[0], *args)
     return result if out is None else out
 
 
