@@ -61,13 +61,11 @@ def intern(structure: tuple) -> int:
     """The key of ``structure`` (thread-safe: one key per structure at a time)."""
     key = KEYS.get(structure)
     if key is None:
-        global _sweep_at
         with TABLE_LOCK:
             key = KEYS.get(structure)
             if key is None:
                 if len(KEY_STRUCTURE) >= _sweep_at:
                     sweep()
-                    _sweep_at = max(_floor, 2 * len(KEY_STRUCTURE))
                 key = next(_next_key)
                 KEY_STRUCTURE[key] = structure  # describable before the key is published
                 KEYS[structure] = key
@@ -76,7 +74,8 @@ def intern(structure: tuple) -> int:
 
 def sweep() -> int:
     """Drop every key nothing outside this table refers to (see the module's docstring);
-    returns how many were dropped."""
+    returns how many were dropped. The next sweep comes at twice what this one leaves."""
+    global _sweep_at
     with TABLE_LOCK:
         # The probe: a key nobody holds, swept first, gives a dead key's count in this loop.
         KEY_STRUCTURE[object()] = ()  # type: ignore[index]
@@ -105,4 +104,5 @@ def sweep() -> int:
                 continue
             del KEY_STRUCTURE[key]
             dropped += 1
+        _sweep_at = max(_floor, 2 * len(KEY_STRUCTURE))
         return dropped
