@@ -196,11 +196,14 @@ def test_structure_keys_nothing_refers_to_are_dropped_never_reused():
         assert expr.evaluate_on_host(again, np.asarray) == gone_value
         assert expr.find_key(expr._KEY_STRUCTURE[again.key]) == again.key
         # interning past the bound sweeps by itself: the table stays bounded
+        keytable.sweep()  # the next sweep at twice what is alive now
         before, newest = len(expr._KEY_STRUCTURE), max(expr._KEY_STRUCTURE)
         for round_ in range(1, 6):  # new shapes each round (deeper chains)
             _shapes(300, leaf, start=round_ << 12)
-        interned = max(expr._KEY_STRUCTURE) - newest
-        assert interned > 5_000 and len(expr._KEY_STRUCTURE) - before < interned // 2
+            assert len(expr._KEY_STRUCTURE) <= max(2 * before, keytable._sweep_at)
+        assert max(expr._KEY_STRUCTURE) - newest > 5_000  # interned, most of them dropped
+        keytable.sweep()
+        assert len(expr._KEY_STRUCTURE) <= before  # every key the rounds made is dropped
         assert expr.describe_structure(kept.key) == kept_text
     finally:
         expr.set_cache_size(previous)
