@@ -234,7 +234,8 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
 KEY_BYTES_PER_SHAPE = 215
 
 
-#: A node's structure key from its structure tuple (op id, child keys...): None if never built.
+#: A node's structure key from its structure tuple (op id, child keys...): None if never built
+#: (or dropped since: `gpuscalar.lazy.keytable`).
 find_key = _KEYS.get
 intern_key = _intern
 
