@@ -17,7 +17,8 @@ with callgrind, each gpuscalar case beside its peer in the same process:
   gpuscalar <= float), from runs of 1 and ``1 + DEMO_STEPS`` steps (the difference, per step);
 - ``compiles`` (``--compiles``, run plainly, not under callgrind): a lazy running total whose
   terms vary with the data, ``total = total + (loss * 2 if coin() else loss + 1)``, NVRTC
-  compiles (module loads) per 10^4 steps after warm-up and RSS before/after, with
+  compiles (module loads) per 10^4 steps after warm-up and resident memory (RSS now, not the
+  peak) at the warm-up mark and at the end, with
   `gpuscalar.lazy.fusion`'s churn rule and without it (``SPLIT_NODES`` set out of reach: the
   behaviour before issue 22), in one process each (goal <= 1 compile per 1,000 steps).
 
@@ -181,7 +182,10 @@ def table(rows: dict[str, float], unit: str) -> str:
 
 def compile_run(steps: int, bounded: bool, read_every: int, seed: int = 0) -> dict[str, Any]:
     """In this process (nullcuda installed here): ``steps`` of the issue's loop; module loads
-    (one per NVRTC compile or kernel-cache load) and max RSS, after a warm-up of a tenth."""
+    (one per NVRTC compile or kernel-cache load) and the resident set size, after a warm-up of
+    a tenth. (Not the peak, ``ru_maxrss``: the first NVRTC compile of a process maps NVRTC, a
+    one-time ~20-30 MB that lands before or after the warm-up mark as CuPy's disk cache has
+    it.)"""
     nullcuda = harness.import_nullcuda()
     nullcuda.install()
     import cupy  # noqa: PLC0415
@@ -197,8 +201,12 @@ def compile_run(steps: int, bounded: bool, read_every: int, seed: int = 0) -> di
     losses = [cupy.asarray(float(i % 7) * 0.25) for i in range(64)]
     total = gs.GPUScalar(cupy.asarray(0.0))
 
-    def rss_mb() -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    def rss_mb() -> float:  # resident now (not the peak: NVRTC's one-time load is ~20-30 MB)
+        try:
+            with open("/proc/self/statm") as statm:
+                return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+        except OSError:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     warm = steps // 10
     marks: dict[str, Any] = {}

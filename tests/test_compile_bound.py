@@ -170,3 +170,21 @@ def test_optimizer_kernels_live_in_one_bounded_cache(rng):
             assert steps.step_kernel_count() == len(steps._STEP_KERNELS) <= 3
     finally:
         gs.set_cache_size(previous)
+
+
+def test_pending_kinds_are_bounded_with_the_caches():
+    """The optimizer's pending kinds (one per structure key a step received pending) are bounded
+    by `gs.cache_size`, oldest first, so the structure keys they hold can be dropped too; a
+    dropped kind is remade equal from its key."""
+    from gpuscalar.optim.program import PENDING_KINDS, PendingScalar
+
+    previous = expr.set_cache_size(3)
+    try:
+        made = [PENDING_KINDS.setdefault(key, PendingScalar(key)) for key in range(-10, -4)]
+        assert len(PENDING_KINDS) <= 3 and -10 not in PENDING_KINDS and -5 in PENDING_KINDS
+        assert PENDING_KINDS.get(-5) is made[-1]
+        assert PENDING_KINDS.setdefault(-10, PendingScalar(-10)) == made[0]
+    finally:
+        expr.set_cache_size(previous)
+        for key in range(-10, -4):
+            PENDING_KINDS.pop(key, None)

@@ -136,6 +136,106 @@ def test_a_hundred_thousand_step_accumulation_is_bounded():
     assert total.item() == pytest.approx(expected, rel=1e-12)
 
 
+def _shapes(count: int, leaf, start: int = 0) -> list:
+    """``count`` distinct expression shapes (chains of add/multiply by the bits of their index,
+    from ``start``) over ``leaf``, each ending in a negation (its own key)."""
+    f8 = np.dtype(np.float64)
+    add = expr.get_op("ufunc", "add", (f8, f8), (f8,))
+    mul = expr.get_op("ufunc", "multiply", (f8, f8), (f8,))
+    neg = expr.get_op("ufunc", "negative", (f8,), (f8,))
+    made = []
+    for index in range(start, start + count):
+        node = expr.make_node(add, (leaf, np.float64(1.0)))
+        for bit in range(index.bit_length()):
+            node = expr.make_node(mul if index >> bit & 1 else add, (node, np.float64(0.5)))
+        made.append(expr.make_node(neg, (node,)))
+    return made
+
+
+def test_structure_keys_nothing_refers_to_are_dropped_never_reused():
+    """Past the bound, a key no node, plan or kernel refers to is dropped; met again, its
+    structure is interned under a NEW key, so no cache keyed by the old one finds another
+    structure's plan or kernel, and a live node's key keeps describing and planning its tree."""
+    from gpuscalar.lazy import keytable
+
+    leaf = np.asarray(3.0)
+    previous = expr.set_cache_size(4)  # the key table: swept past 8 keys
+    try:
+        kept = _shapes(40, leaf)[-1]  # a live node: its key and its subtree's are kept
+        kept_text = expr.describe_structure(kept.key)
+        kept_value = expr.evaluate_on_host(kept, np.asarray)
+        planned = _shapes(41, leaf)[-1]
+        plan = expr.plan_of(planned)  # a cached plan keeps its key too
+        planned_key = int(str(planned.key))  # the number: only the plan cache holds the key
+        planned_text = expr.describe_structure(planned_key)
+        del planned
+        gone = _shapes(300, leaf)[200]
+        gone_text = expr.describe_structure(gone.key)
+        gone_value = expr.evaluate_on_host(gone, np.asarray)
+        stale = int(str(gone.key))  # the number, not the object: it refers to nothing
+        newest = max(expr._KEY_STRUCTURE)
+        del gone
+        expr.plan_for_key(planned_key)  # (the most recently used plan now)
+        for other in _shapes(3, leaf):
+            expr.plan_of(other)  # gone's plan evicted: nothing refers to its key
+        before = len(expr._KEY_STRUCTURE)
+        dropped = keytable.sweep()
+        assert dropped > 200 and len(expr._KEY_STRUCTURE) == before - dropped
+        assert stale not in expr._KEY_STRUCTURE  # dropped, and not found by any structure
+        assert stale not in set(expr._KEYS.values())
+        # the cached plan's structure and the live node's are intact
+        assert expr.plan_for_key(planned_key) is plan
+        assert expr.describe_structure(planned_key) == planned_text
+        assert expr.describe_structure(kept.key) == kept_text
+        assert expr.evaluate_on_host(kept, np.asarray) == kept_value  # (its plan rebuilt)
+        # met again: a new key (never a reused number), the same structure, plan and value
+        again = _shapes(201, leaf)[200]
+        assert again.key != stale and again.key > newest
+        assert expr.describe_structure(again.key) == gone_text
+        assert expr.plan_of(again).name == expr.Plan(again.key).name
+        assert expr.evaluate_on_host(again, np.asarray) == gone_value
+        assert expr.find_key(expr._KEY_STRUCTURE[again.key]) == again.key
+        # interning past the bound sweeps by itself: the table stays bounded
+        keytable.sweep()  # the next sweep at twice what is alive now
+        before, newest = len(expr._KEY_STRUCTURE), max(expr._KEY_STRUCTURE)
+        for round_ in range(1, 6):  # new shapes each round (deeper chains)
+            _shapes(300, leaf, start=round_ << 12)
+            assert len(expr._KEY_STRUCTURE) <= max(2 * before, keytable._sweep_at)
+        assert max(expr._KEY_STRUCTURE) - newest > 5_000  # interned, most of them dropped
+        keytable.sweep()
+        assert len(expr._KEY_STRUCTURE) <= before  # every key the rounds made is dropped
+        assert expr.describe_structure(kept.key) == kept_text
+    finally:
+        expr.set_cache_size(previous)
+
+
+def test_a_churning_running_total_keeps_its_key_table_bounded_and_bit_identical():
+    """The issue's loop past the key table's bound: the same bits as eager, and the table holds
+    what is alive, not every shape ever built."""
+    import random
+
+    previous = expr.set_cache_size(16)
+    try:
+        keys_before = len(expr._KEY_STRUCTURE)
+        results = []
+        for lazy in (True, False):
+            coin = random.Random(5).random
+            total = gs.asscalar(0.0)
+            with gs.lazy(lazy):
+                for i in range(3000):
+                    loss = gs.asscalar(float(i % 7) * 0.25)
+                    total = total + (loss * 2 if coin() < 0.5 else loss + 1)
+                    if i % 10 == 9:
+                        results.append(np.asarray(total.item()).tobytes())
+            results.append(np.asarray(total.item()).tobytes())
+            if lazy:
+                assert len(expr._KEY_STRUCTURE) < keys_before + 4_000
+        half = len(results) // 2
+        assert results[:half] == results[half:]
+    finally:
+        expr.set_cache_size(previous)
+
+
 # ---- the switch ---------------------------------------------------------------------------------
 
 

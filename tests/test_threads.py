@@ -321,3 +321,37 @@ def test_stress_an_all_threads_counter_counts_every_read_and_op_exactly(switch_o
         _run_threads(*[work] * threads)
     assert everywhere.count == everywhere.device_ops == threads * per_thread
     assert {(r.function, r.reason) for r in everywhere.records} == {("work", "float")}
+
+
+def test_keys_swept_while_threads_build_nodes_keep_describing_their_nodes():
+    """Structure keys are swept (`gpuscalar.lazy.keytable`) while threads build, drop and
+    rebuild the same shapes: every node's key still describes its own tree (never a dropped
+    or another structure's), and its value is the eager one."""
+    import sys
+
+    add = expr.get_op("ufunc", "add", (F64, F64), (F64,))
+    mul = expr.get_op("ufunc", "multiply", (F64, F64), (F64,))
+    leaf = np.asarray(1.5)
+
+    def build(seed: int) -> int:
+        checked = 0
+        for index in range(seed, seed + 400):
+            node, value = leaf, np.float64(1.5)
+            for bit in range(index.bit_length()):
+                op = mul if index >> bit & 1 else add
+                node = expr.make_node(op, (node, np.float64(0.5)))
+                value = value * 0.5 if op is mul else value + 0.5
+            ops = [item.op for item, is_node in expr.postorder(node) if is_node]
+            assert [op for op, _ in expr.Plan(node.key).steps] == ops
+            assert expr.evaluate_on_host(node, np.asarray) == value
+            checked += 1
+        return checked
+
+    previous, interval = expr.set_cache_size(2), sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        assert _run_threads(*(lambda s=s: build(s) for s in (1 << 10, 1 << 10, 3 << 9, 1 << 11))
+                            ) == [400] * 4
+    finally:
+        sys.setswitchinterval(interval)
+        expr.set_cache_size(previous)

@@ -43,8 +43,9 @@ hands out the next id or key, so two threads using an op or a shape for the firs
 get one id or key (never the same id for two ops, which would share a kernel and give wrong
 values). Plans are a `BoundedCache` (an LRU, bounded with fusion's kernel caches by one setting,
 `set_cache_size`; a plan is rebuilt from its key);
-structure keys are never dropped (a key lives in every node and kernel of its shape), so their
-table grows by ~`KEY_BYTES_PER_SHAPE` per distinct expression shape ever built.
+structure keys are dropped once nothing refers to them (no node, kernel, plan: see
+`gpuscalar.lazy.keytable`), never reused, so the table holds ~`KEY_BYTES_PER_SHAPE` per shape
+alive, not per shape ever built.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
+
+from . import keytable
+from .keytable import KEY_STRUCTURE as _KEY_STRUCTURE
+from .keytable import KEYS as _KEYS
+from .keytable import OPS_BY_ID as _OPS_BY_ID
+from .keytable import TABLE_LOCK as _TABLE_LOCK
+from .keytable import intern as _intern
 
 __all__ = [
     "MAX_NODES",
@@ -189,13 +197,7 @@ class Op:
         return f"Op({self.name}({ins})->{outs}{pick}{extra})"
 
 
-#: Taken on the miss path of every interning table below (never on a hit): the lookup is
-#: repeated under it, so one id or key is handed out per identity however many threads miss
-#: together. Re-entrant: interning a key may intern its leaf kinds.
-_TABLE_LOCK = threading.RLock()
-
 _OPS: dict[tuple, Op] = {}
-_OPS_BY_ID: list[Op] = []
 
 
 def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
@@ -223,34 +225,17 @@ def get_op(kind: str, name: str, in_dtypes: tuple[np.dtype, ...],
     return op
 
 
-#: structure -> key. A node's structure is (op id, child keys...); a leaf's is ("leaf", dtype)
-#: and a Python number's ("const", dtype). Never shrinks: see `KEY_BYTES_PER_SHAPE`.
-_KEYS: dict[tuple, int] = {}
-_KEY_STRUCTURE: list[tuple] = []  # key -> structure (for plans, names and debugging)
-
-#: Rough memory of the structure-key tables per distinct expression shape (one node structure:
-#: its tuple of op id and child keys, the dict entry, the list slot and the int key, plus the
-#: op's own entry, child keys -> key, that `make_node` looks up), measured with tracemalloc over
-#: 10,000 distinct binary-op shapes on CPython 3.11 (215 bytes each). A program builds a bounded
-#: set of shapes (a loop repeats its own), so this is the cost of its distinct expressions, e.g.
-#: ~2.2 MB for 10,000 of them; keys are never dropped, since every node and compiled kernel of a
-#: shape names it by key.
+#: Rough memory of the structure-key tables per distinct expression shape alive (one node
+#: structure: its tuple of op id and child keys, the dict entries and the int key, plus the op's
+#: own entry, child keys -> key, that `make_node` looks up), measured with tracemalloc over
+#: 10,000 distinct binary-op shapes on CPython 3.11 (215 bytes each). Keys nothing refers to
+#: any more (no node, cached kernel or plan) are dropped (`gpuscalar.lazy.keytable`), so the
+#: table holds the shapes alive, not every shape ever built.
 KEY_BYTES_PER_SHAPE = 215
 
 
-def _intern(structure: tuple) -> int:
-    key = _KEYS.get(structure)
-    if key is None:
-        with _TABLE_LOCK:
-            key = _KEYS.get(structure)
-            if key is None:
-                key = len(_KEY_STRUCTURE)
-                _KEY_STRUCTURE.append(structure)  # describable before the key is published
-                _KEYS[structure] = key
-    return key
-
-
-#: A node's structure key from its structure tuple (op id, child keys...): None if never built.
+#: A node's structure key from its structure tuple (op id, child keys...): None if never built
+#: (or dropped since: `gpuscalar.lazy.keytable`).
 find_key = _KEYS.get
 intern_key = _intern
 
@@ -577,6 +562,7 @@ def set_cache_size(size: int) -> int:
     if size < 1:
         raise ValueError(f"set_cache_size: the bound must be >= 1, got {size}")
     previous, _cache_size = _cache_size, size
+    keytable.bound_keys(2 * size)  # the key table: swept past 2 keys per cached entry
     for cache in list(_CACHES):
         cache.trim()
     return previous

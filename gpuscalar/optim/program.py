@@ -12,6 +12,7 @@ CUDA. An algorithm's file defines its Programs and `register`s them (the kernel 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -258,13 +259,27 @@ VALUE = ValueScalar()
 POINTER_KINDS: dict[np.dtype, PointerScalar] = {
     np.dtype(name): PointerScalar(name) for name in POINTER_CTYPES
 }
+class _PendingKinds(OrderedDict):
+    """`PENDING_KINDS`: a plain dict read on a hit; past `expr.cache_size` kinds the oldest is
+    dropped (a kind is remade equal from its key), so the structure keys it holds can be
+    dropped too (`gpuscalar.lazy.keytable`)."""
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        kind = super().setdefault(key, default)
+        while len(self) > expr.cache_size():
+            try:
+                self.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
+                break
+        return kind
+
+
 #: The pending kinds, by structure key, each made once: `route` asks on every step of a pending
-#: scalar (making a kind per step cost ~3,500 host instructions, the demo's step measured). Its
-#: documented bound (DESIGN, "Threads"): one entry (~100 bytes) per expression shape a step has
-#: received pending, so at most one per structure key, which `gpuscalar.lazy.expr` never drops
-#: either (`expr.KEY_BYTES_PER_SHAPE`); filled with ``setdefault``, so threads meeting a shape
-#: first together keep one kind.
-PENDING_KINDS: dict[Any, PendingScalar] = {}
+#: scalar (making a kind per step cost ~3,500 host instructions, the demo's step measured).
+#: Bounded with gpuscalar.lazy's caches (`expr.cache_size` kinds, ~100 bytes each, oldest
+#: dropped first); filled with ``setdefault``, so threads meeting a shape first together keep
+#: one kind.
+PENDING_KINDS: dict[Any, PendingScalar] = _PendingKinds()
 #: The step counter's kinds, by read (`CounterRead.kind`).
 COUNTER_KINDS: dict[str, CounterScalar] = {read: CounterScalar(read) for read in COUNTER_READS}
 
