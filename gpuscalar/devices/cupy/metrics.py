@@ -325,19 +325,19 @@ def _wait_for(seam: Any, in_flight: collections.deque) -> None:
         seam.event_wait(in_flight.popleft().copied)
 
 
-_FUSES: dict[int, bool] = {}
+#: structure key -> whether CuPy kernel code exists for it: bounded, as every cache keyed by a
+#: structure (an evicted answer is decided again; a key held here stays alive in the key table)
+_FUSES = expr.BoundedCache()
 
 
 def _fuses(node: expr.Node) -> bool:
     """Whether CuPy kernel code exists for ``node``'s expressions (decided once per structure)."""
-    key = node[KEY]
-    found = _FUSES.get(key)
-    if found is None:
-        try:
-            codegen.plan_code(expr.plan_of(node), "probe_")
-        except codegen.FusionUnsupported:
-            found = False
-        else:
-            found = True
-        _FUSES[key] = found
-    return found
+    return bool(_FUSES.get(node[KEY], _has_kernel_code, node))
+
+
+def _has_kernel_code(node: expr.Node) -> bool:
+    try:
+        codegen.plan_code(expr.plan_of(node), "probe_")
+    except codegen.FusionUnsupported:
+        return False
+    return True
