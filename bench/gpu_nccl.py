@@ -19,29 +19,18 @@ Without a GPU, or without CuPy's NCCL, it says so and exits 0 (nothing measured,
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gpuscalar as gs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run as a script, or loaded by path)
+from gpu_control import _write, median_seconds  # noqa: E402 - the GPU benchmarks' one timer
+
 #: steps recorded into one CUDA graph (one replay)
 CHUNK = 10
-
-
-def median_seconds(run: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``run()`` (which ends with a host read) after one untimed run."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def one_rank_communicator() -> Any:
@@ -138,12 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     _write(args.json, {"measured": True, "device": cupy.cuda.runtime.getDeviceProperties(0)
                        ["name"].decode(), **result})
     return 0
-
-
-def _write(path: str | None, data: dict[str, Any]) -> None:
-    """The JSON record, when ``--json FILE`` was given."""
-    if path:
-        Path(path).write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ class SparseProducts(Protocol):
         ...
 
 
+def format_in(package: str, value: Any) -> str | None:
+    """The ``format`` of ``value`` when its type comes from ``package`` (``"scipy.sparse"``,
+    ``"cupyx.scipy.sparse"``), else None: how a device's `SparseProducts.format_of` knows its
+    matrices without importing their library."""
+    if (type(value).__module__ or "").startswith(package):
+        found = getattr(value, "format", None)
+        return found if isinstance(found, str) else None
+    return None
+
+
 def _sparse_of(value: Any) -> tuple[Backend, str] | None:
     """The device whose sparse matrix ``value`` is, and its format; None for anything else."""
     for backend in BACKENDS:

@@ -19,7 +19,6 @@ import itertools
 import numpy as np
 
 import gpuscalar as gs
-from gpuscalar import optim
 from gpuscalar.optim import executors
 from gpuscalar.optim.kernels import (
     KERNEL_DTYPES,
@@ -29,6 +28,8 @@ from gpuscalar.optim.kernels import (
     kernel_source,
 )
 from gpuscalar.optim.program import COUNTER_READS, PROGRAMS, Program
+
+from . import test_kernels
 
 #: sha256 (first 16 hex digits) of every variant's (name, source), by Program, and how many
 #: variants; recorded on the commit before the scalar kinds became classes.
@@ -57,19 +58,8 @@ DIGESTS: dict[str, tuple[str, int]] = {
     'class:lion': ('bb37d18051c5ae57', 12),
 }
 
-#: the optimizer classes' configurations (tests/test_kernels.py's, which compiles them)
-CLASS_CONFIGS = {
-    "adam": (optim.Adam, {}),
-    "adamw": (optim.AdamW, {}),
-    "sgd": (optim.SGD, {"lr": 0.1}),
-    "sgd_momentum": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}),
-    "sgd_nesterov": (optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
-    "rmsprop": (optim.RMSprop, {}),
-    "rmsprop_momentum": (optim.RMSprop, {"momentum": 0.9}),
-    "rmsprop_centered": (optim.RMSprop, {"centered": True}),
-    "rmsprop_centered_momentum": (optim.RMSprop, {"momentum": 0.9, "centered": True}),
-    "lion": (optim.Lion, {"weight_decay": 0.1}),
-}
+#: the optimizer classes' configurations: tests/test_kernels.py's, which compiles them
+CLASS_CONFIGS = test_kernels.CLASS_CONFIGS
 
 
 def _pending_kinds() -> list[object]:

@@ -39,6 +39,8 @@ keeps); docs/distributed.md shows the chunked form.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -89,6 +91,27 @@ class Collectives(Protocol):
                         op: str) -> tuple[list[Any], list[Any]]:
         """NCCL on the current stream, no sync (``comm.plan`` checks and packs first); a
         device without NCCL raises ``comm.refused(backend)``."""
+
+
+class MpiOnFirstUse:
+    """What every device's collectives share: the backend, and `mpi_all_reduce` importing the
+    device's MPI path (`mpi_module`, whose ``all_reduce(backend, comm, ...)`` it is) at its
+    first call and putting it in the method's place: mpi4py is imported only with the user's
+    MPI communicator, and later calls go straight there."""
+
+    #: the wing's MPI module (host data, or device memory after a counted stream sync)
+    mpi_module: str = ""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def mpi_all_reduce(self, comm: MpiComm, device: object, arrays: list[Any],
+                       groups: dict[np.dtype, list[int]], op: str
+                       ) -> tuple[list[Any], list[Any]]:
+        path = functools.partial(importlib.import_module(self.mpi_module).all_reduce,
+                                 self.backend)
+        self.mpi_all_reduce = path  # type: ignore[method-assign]
+        return path(comm, device, arrays, groups, op)
 
 
 #: each device's "collectives" executor, once found (`all_reduce` runs every step: the slot's

@@ -13,37 +13,23 @@ itself, complex as its real view). With an mpi4py communicator: `gpuscalar.devic
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from ...distributed import MpiOnFirstUse
 from ...distributed.packing import pack, unpack
-from .backend import CupyBackend
 
 if TYPE_CHECKING:
-    from ...distributed.mpi import MpiComm
     from ...distributed.nccl import NcclComm
+    from .backend import CupyBackend
 
 __all__ = ["CudaCollectives"]
 
 
-class CudaCollectives:
+class CudaCollectives(MpiOnFirstUse):
     """`gpuscalar.distributed.Collectives` on CuPy (see the module docstring)."""
 
-    def __init__(self, backend: CupyBackend) -> None:
-        self.backend = backend
-
-    def mpi_all_reduce(self, comm: MpiComm, device: object, arrays: list[Any],
-                       groups: dict[np.dtype, list[int]], op: str
-                       ) -> tuple[list[Any], list[Any]]:
-        # mpi4py only with the user's MPI communicator: imported at the first call, which
-        # puts the MPI path itself in this method's place (later calls go straight there)
-        from . import mpi  # noqa: PLC0415
-
-        self.mpi_all_reduce = functools.partial(  # type: ignore[method-assign]
-            mpi.all_reduce, self.backend)
-        return mpi.all_reduce(self.backend, comm, device, arrays, groups, op)
+    backend: CupyBackend
+    mpi_module = "gpuscalar.devices.cupy.mpi"
 
     def nccl_all_reduce(self, comm: NcclComm, device: object, arrays: list[Any],
                         op: str) -> tuple[list[Any], list[Any]]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...backend import Backend, relative_extent
-from ...sparse import SPARSE_DTYPES
+from ...sparse import SPARSE_DTYPES, format_in
 from .backend import CUPY
 
 __all__ = ["PRODUCT_DTYPES", "BLOCK", "PER_THREAD", "MAX_BLOCKS", "C_NAMES", "INDEX_C_NAMES",
@@ -222,10 +222,7 @@ class CupySparse:
         self.backend = backend
 
     def format_of(self, value: Any) -> str | None:
-        if (type(value).__module__ or "").startswith("cupyx.scipy.sparse"):
-            found = getattr(value, "format", None)
-            return found if isinstance(found, str) else None
-        return None
+        return format_in("cupyx.scipy.sparse", value)
 
     def overlaps(self, out: Any, x: Any) -> bool:
         if self.backend.data_address(out) == self.backend.data_address(x):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...backend import Backend
+from ...sparse import format_in
 
 __all__ = ["HostSparse"]
 
@@ -25,10 +26,7 @@ class HostSparse:
         self.backend = backend
 
     def format_of(self, value: Any) -> str | None:
-        if (type(value).__module__ or "").startswith("scipy.sparse"):
-            found = getattr(value, "format", None)
-            return found if isinstance(found, str) else None
-        return None
+        return format_in("scipy.sparse", value)
 
     def host_matrix(self, matrix: Any) -> Any:
         """SciPy's matrix over ``matrix``'s host data (no copy)."""
