@@ -663,3 +663,70 @@ def test_an_unfused_replay_clamps_ldexp_and_tests_complex_truth_first():
     assert args[1] == 2**31 - 1 and args[1].dtype == np.int64
     args = codegen.unfused_args(NUMPY, logical_not.op, list(logical_not.children))
     assert args[0].dtype == np.bool_ and not args[0]
+
+
+def _walked_leaves(root):
+    """The leaves by `postorder` (the definition `leaves_of` must agree with)."""
+    return [item for item, is_node in expr.postorder(root) if not is_node]
+
+
+def test_leaf_readers_read_what_a_walk_reads_for_every_small_shape():
+    """`leaves_of` reads a tree of up to `READER_NODES` nodes with its structure's generated
+    reader: for unary, binary, nested and left/right-leaning trees, the same objects in the
+    same order as a walk, for a second tree of the same structure too (other leaves, the
+    reader made by the first); past the size bound it walks."""
+    f8 = np.dtype(np.float64)
+    add = expr.get_op("ufunc", "add", (f8, f8), (f8,))
+    neg = expr.get_op("ufunc", "negative", (f8,), (f8,))
+
+    def shapes(a, b):
+        left = expr.make_node(add, (a, np.float64(1.0)))
+        right = expr.make_node(add, (np.float64(2.0), b))
+        both = expr.make_node(add, (left, right))
+        deep = both
+        for _ in range(expr.READER_NODES):
+            deep = expr.make_node(neg, (deep,))
+        return [left, right, both, expr.make_node(neg, (both,)),
+                expr.make_node(add, (both, expr.make_node(neg, (a,)))), deep]
+
+    first = shapes(np.asarray(1.0), np.asarray(2.0))
+    second = shapes(np.asarray(3.0), np.asarray(4.0))
+    for one, other in zip(first, second, strict=True):
+        assert one.key == other.key
+        for tree in (one, other):
+            found, walked = expr.leaves_of(tree), _walked_leaves(tree)
+            assert len(found) == len(walked)
+            assert all(x is y for x, y in zip(found, walked, strict=True))
+    assert first[-1].size > expr.READER_NODES and first[-1].key not in expr._LEAF_READERS
+    assert first[2].key in expr._LEAF_READERS
+
+
+def test_an_argument_reader_splices_the_leaves_into_the_operands():
+    """A fold's kernel arguments: the operands with the pending scalar's place taken by its
+    leaves, in order, for the scalar first, in the middle or last."""
+    f8 = np.dtype(np.float64)
+    mul = expr.get_op("ufunc", "multiply", (f8, f8), (f8,))
+    leaf = np.asarray(5.0)
+    node = expr.make_node(mul, (leaf, np.float64(2.0)))
+    for count, position in ((2, 0), (2, 1), (3, 1)):
+        operands = tuple(f"op{i}" for i in range(count))
+        reader = expr.argument_reader(node, count, position)
+        expected = [*operands[:position], *_walked_leaves(node), *operands[position + 1:]]
+        got = reader(operands, node)
+        assert len(got) == len(expected) and all(x is y for x, y in zip(got, expected,
+                                                                        strict=True))
+
+
+def test_leaf_readers_are_bounded_by_the_cache_size():
+    f8 = np.dtype(np.float64)
+    add = expr.get_op("ufunc", "add", (f8, f8), (f8,))
+    previous = expr.set_cache_size(4)
+    try:
+        leaf = np.asarray(1.0)
+        node = leaf
+        for _ in range(10):  # ten structures, each read once
+            node = expr.make_node(add, (node, np.float64(1.0)))
+            assert expr.leaves_of(node) == _walked_leaves(node)
+            assert len(expr._LEAF_READERS) <= 4
+    finally:
+        expr.set_cache_size(previous)

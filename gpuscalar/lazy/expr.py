@@ -377,12 +377,15 @@ def postorder(root: Node) -> Iterator[tuple[Any, bool]]:
 
 def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
-    as `postorder` meets them). Called for every evaluation and fold: an expression within the
-    size bound (`MAX_NODES`, so at most that deep) is walked recursively, the fastest way for a
-    few nodes; a larger tree (built by hand) iteratively, at any depth. (Fields by index: this
-    is on the path of every fold.)"""
-    if root[SIZE] <= MAX_NODES:
-        return _small_leaves(root)  # (written as a function of its own: it recurses)
+    as `postorder` meets them). Called for every evaluation and fold: a tree of up to
+    `READER_NODES` nodes is read by its structure's generated reader (`leaf_reader`: one
+    subscript per leaf, no walk); a larger one walked iteratively, at any depth. (Fields by
+    index: this is on the path of every fold.)"""
+    reader = _LEAF_READERS.get(root[KEY])
+    if reader is not None:
+        return reader(root)
+    if root[SIZE] <= READER_NODES:
+        return leaf_reader(root)(root)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
@@ -395,14 +398,57 @@ def leaves_of(root: Node) -> list[Any]:
     return leaves
 
 
-def _small_leaves(node: Node) -> list[Any]:
-    leaves: list[Any] = []
-    for child in node[CHILDREN]:
-        if type(child) is Node:
-            leaves += _small_leaves(child)
+#: The largest tree (in nodes) whose structure gets a generated leaf reader (`leaf_reader`).
+READER_NODES = 16
+#: structure key -> its leaf reader; bounded by `cache_size` (emptied when full, and at each
+#: sweep of the key table: a reader is made again from any tree of its structure, the same)
+_LEAF_READERS: dict[int, Callable[[Node], list[Any]]] = {}
+keytable.FORGOTTEN_AT_SWEEP.append(_LEAF_READERS)
+
+
+def leaf_reader(root: Node) -> Callable[[Node], list[Any]]:
+    """A function giving `leaves_of` of every tree of ``root``'s structure: the list of its
+    leaves and constants as subscripts of the node (``lambda n: [n[3][0][3][0], n[3][1]]``).
+
+    Why generated: a fold or evaluation of a small tree reads its leaves on every call, and a
+    walk costs a Python call per node; a structure fixes which children are nodes and which
+    are leaves (the key of a leaf kind is never a node's), so the subscripts are the same for
+    every tree of one key."""
+    reader: Callable[[Node], list[Any]] = _generated_reader("n", _leaf_paths(root))
+    if len(_LEAF_READERS) >= _cache_size:
+        _LEAF_READERS.clear()
+    _LEAF_READERS[root[KEY]] = reader
+    return reader
+
+
+def argument_reader(root: Node, count: int, position: int
+                    ) -> Callable[[tuple[Any, ...], Node], list[Any]]:
+    """A function ``(operands, node) -> list`` for every tree of ``root``'s structure: the
+    ``count`` operands with the one at ``position`` (a pending scalar whose node is the tree)
+    replaced by the tree's leaves, in order (a fold's kernel arguments, `leaf_reader`'s
+    subscripts spliced in; the caller caches it with its plan)."""
+    items = [f"o[{i}]" for i in range(position)] + _leaf_paths(root) + [
+        f"o[{i}]" for i in range(position + 1, count)]
+    return _generated_reader("o, n", items)
+
+
+def _leaf_paths(root: Node) -> list[str]:
+    """Each leaf of ``root`` as a subscript of ``n`` (left to right, as `postorder` meets them)."""
+    paths: list[str] = []
+    stack: list[tuple[Any, str]] = [(root, "n")]
+    while stack:  # depth first, left to right (children pushed last first)
+        item, path = stack.pop()
+        if type(item) is Node:
+            stack += [(child, f"{path}[{CHILDREN}][{i}]")
+                      for i, child in reversed(list(enumerate(item[CHILDREN])))]
         else:
-            leaves.append(child)
-    return leaves
+            paths.append(path)
+    return paths
+
+
+def _generated_reader(parameters: str, items: list[str]) -> Any:
+    """``lambda <parameters>: [<items>]``: only names and integer subscripts enter the text."""
+    return eval(f"lambda {parameters}: [{', '.join(items)}]")  # noqa: S307
 
 
 class Plan:
@@ -565,6 +611,8 @@ def set_cache_size(size: int) -> int:
     keytable.bound_keys(2 * size)  # the key table: swept past 2 keys per cached entry
     for cache in list(_CACHES):
         cache.trim()
+    if len(_LEAF_READERS) > size:
+        _LEAF_READERS.clear()
     return previous
 
 

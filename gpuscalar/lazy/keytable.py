@@ -30,7 +30,8 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["TABLE_LOCK", "KEYS", "KEY_STRUCTURE", "OPS_BY_ID", "intern", "sweep", "bound_keys"]
+__all__ = ["TABLE_LOCK", "KEYS", "KEY_STRUCTURE", "OPS_BY_ID", "FORGOTTEN_AT_SWEEP", "intern",
+           "sweep", "bound_keys"]
 
 #: Taken on the miss path of every interning table (never on a hit): the lookup is repeated
 #: under it, so one id or key is handed out per identity however many threads miss together.
@@ -44,6 +45,10 @@ KEYS: dict[tuple, int] = {}
 #: key -> structure (for plans, names and debugging), oldest first.
 KEY_STRUCTURE: dict[int, tuple] = {}
 _next_key = itertools.count()
+#: Caches of what is derived from a structure alone, emptied at the start of each sweep (their
+#: keys would otherwise count as references): made again from any tree of the structure, the
+#: same (`expr`'s leaf readers).
+FORGOTTEN_AT_SWEEP: list[dict[int, Any]] = []
 #: The table is swept when it reaches this many keys; then at twice what a sweep leaves.
 _floor = 2 * 1024  # (`expr.set_cache_size` sets it: twice the bound of its caches)
 _sweep_at = _floor
@@ -77,6 +82,8 @@ def sweep() -> int:
     returns how many were dropped. The next sweep comes at twice what this one leaves."""
     global _sweep_at
     with TABLE_LOCK:
+        for derived in FORGOTTEN_AT_SWEEP:
+            derived.clear()
         # The probe: a key nobody holds, swept first, gives a dead key's count in this loop.
         KEY_STRUCTURE[object()] = ()  # type: ignore[index]
         dead = -1

@@ -289,36 +289,47 @@ def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[
     decision (``key``: the ufunc, each operand's kind and dtype, no Python int, the output's)
     said CuPy fuses these keywords: ONE pending scalar (at ``position``, its node ``root``, not
     kept) on ``device`` (checked by the caller). Its plan is `_fused_on_cupy`'s, keyed by
-    ``key`` and the structure (they determine `_fused_on_cupy`'s key). The result, or
+    ``key`` and the structure (they determine `_fused_on_cupy`'s key), with the structure's
+    argument reader (`expr.argument_reader`: the leaves without a walk). The result, or
     NotImplemented where the general path must decide (no fusable routine, an overlap, a
     churning structure: nothing was launched)."""
-    args = [*operands[:position], *expr.leaves_of(root), *operands[position + 1:]]
-    out = kwargs.get("out")
-    if out is None:
-        outs: tuple = ()
-    else:
-        outs = (out,)
-        if _any_overlap(outs, args, CUPY.xp.ndarray):
-            return NotImplemented  # partial overlap: the general path copies inputs first
-        args.append(out)  # (the launch's arguments: the inputs, then the output)
     plan_key = (key, root[KEY])
     plan = _PLANS.hit(plan_key, _NO_PLAN)
     if plan is _NO_PLAN:
-        pending = {position: root}
-        if _any_splits(pending):
+        if _any_splits({position: root}):
             return NotImplemented
-        plan = _PLANS.get(plan_key, _make_plan, CUPY, name, operands, kwargs, pending, _NO_KEEP,
-                          outs, args[:len(args) - len(outs)])
+        plan = _PLANS.get(plan_key, _make_fold_plan, name, operands, kwargs, position, root)
     if plan is None:
         return NotImplemented
+    kernel, arguments, device_index = plan
+    args = arguments(operands, root)
+    out = kwargs.get("out")
+    if out is not None:
+        if _any_overlap((out,), args, CUPY.xp.ndarray):
+            return NotImplemented  # partial overlap: the general path copies inputs first
+        args.append(out)  # (the launch's arguments: the inputs, then the output)
     if device is None:
-        device = CUPY.device_of(args[plan[3]])
+        device = CUPY.device_of(args[device_index])
     if CUPY.seam.is_current_device(device):
-        result = CUPY.call(plan[0], *args)
+        result = CUPY.call(kernel, *args)
     else:
         with CUPY.device_context(device):
-            result = CUPY.call(plan[0], *args)
+            result = CUPY.call(kernel, *args)
     return result if out is None else out
+
+
+def _make_fold_plan(name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
+                    position: int, root: expr.Node) -> tuple | None:
+    """`fold_on_cupy`'s plan: `_make_plan`'s kernel and launch device (None where CuPy has no
+    fusable routine) with the structure's argument reader."""
+    arguments = expr.argument_reader(root, len(operands), position)
+    out = kwargs.get("out")
+    plan = _make_plan(CUPY, name, operands, kwargs, {position: root}, _NO_KEEP,
+                      () if out is None else (out,), arguments(operands, root))
+    if plan is None:
+        return None
+    kernel, _, _, device_index = plan
+    return kernel, arguments, device_index
 
 
 _NO_KEEP: frozenset[int] = frozenset()
