@@ -183,46 +183,48 @@ def _pointer(address: int) -> Any:
 
 
 # The products' calls without ctypes' per-argument declarations (half the host instructions
-# of a declared call): each pointer passed as its c_void_p, each 64-bit integer as a
-# c_longlong, each int as a C int, as the declarations would convert them.
+# of a declared call): each converter returns the arguments as the declarations would convert
+# them, each pointer as its c_void_p, each 64-bit integer as a c_longlong, each int as itself.
 
-def _gemm(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
-          alpha: int, a: int, lda: int, b: int, ldb: int, beta: int, c: int, ldc: int) -> int:
+def _gemm(handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int,
+          lda: int, b: int, ldb: int, beta: int, c: int, ldc: int) -> tuple[Any, ...]:
     get = _POINTERS.get
-    status: int = function(get(handle) or _pointer(handle), transa, transb, m, n, k,
-                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
-                           get(b) or _pointer(b), ldb, get(beta) or _pointer(beta),
-                           get(c) or _pointer(c), ldc)
-    return status
+    return (get(handle) or _pointer(handle), transa, transb, m, n, k,
+            get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda, get(b) or _pointer(b),
+            ldb, get(beta) or _pointer(beta), get(c) or _pointer(c), ldc)
 
 
-def _gemv(function: Any, handle: int, trans: int, m: int, n: int, alpha: int, a: int, lda: int,
-          x: int, incx: int, beta: int, y: int, incy: int) -> int:
+def _gemv(handle: int, trans: int, m: int, n: int, alpha: int, a: int, lda: int, x: int,
+          incx: int, beta: int, y: int, incy: int) -> tuple[Any, ...]:
     get = _POINTERS.get
-    status: int = function(get(handle) or _pointer(handle), trans, m, n,
-                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
-                           get(x) or _pointer(x), incx, get(beta) or _pointer(beta),
-                           get(y) or _pointer(y), incy)
-    return status
+    return (get(handle) or _pointer(handle), trans, m, n, get(alpha) or _pointer(alpha),
+            get(a) or _pointer(a), lda, get(x) or _pointer(x), incx,
+            get(beta) or _pointer(beta), get(y) or _pointer(y), incy)
 
 
-def _gemm_batched(function: Any, handle: int, transa: int, transb: int, m: int, n: int, k: int,
-                  alpha: int, a: int, lda: int, stridea: int, b: int, ldb: int, strideb: int,
-                  beta: int, c: int, ldc: int, stridec: int, batch: int) -> int:
+def _gemm_batched(handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: int,
+                  a: int, lda: int, stridea: int, b: int, ldb: int, strideb: int, beta: int,
+                  c: int, ldc: int, stridec: int, batch: int) -> tuple[Any, ...]:
     get = _POINTERS.get
-    status: int = function(get(handle) or _pointer(handle), transa, transb, m, n, k,
-                           get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda,
-                           _L(stridea), get(b) or _pointer(b), ldb, _L(strideb),
-                           get(beta) or _pointer(beta), get(c) or _pointer(c), ldc,
-                           _L(stridec), batch)
-    return status
+    return (get(handle) or _pointer(handle), transa, transb, m, n, k,
+            get(alpha) or _pointer(alpha), get(a) or _pointer(a), lda, _L(stridea),
+            get(b) or _pointer(b), ldb, _L(strideb), get(beta) or _pointer(beta),
+            get(c) or _pointer(c), ldc, _L(stridec), batch)
 
 
-_CONVERTERS: dict[tuple[Any, ...], Callable[..., int]] = {
+_CONVERTERS: dict[tuple[Any, ...], Callable[..., tuple[Any, ...]]] = {
     _GEMM: _gemm, _GEMV: _gemv, _GEMM_BATCHED: _gemm_batched}
 #: name -> how `call` calls it: (the declared function, its argument count, and for a product
-#: the same symbol undeclared with the converter that calls it, else None twice)
+#: the same symbol undeclared with the converter of its arguments, else None twice)
 _ROUTES: dict[str, tuple[Any, int, Any, Any]] = {}
+
+#: a product's arguments -> what its converter made of them: a product made again with the
+#: same handle, operands, output and sizes (a step's, whose buffers the memory pool hands out
+#: again) is converted once, and the lookup of these integers costs a third of converting
+#: them. The routines of one signature convert alike, and the three signatures differ in
+#: length, so the arguments alone are the key. Emptied when it holds too many.
+_CONVERTED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_CONVERTED_KEPT = 4096
 
 
 def _route(name: str) -> tuple[Any, int, Any, Any]:
@@ -239,25 +241,37 @@ def _route(name: str) -> tuple[Any, int, Any, Any]:
     return route
 
 
+def _convert(converter: Callable[..., tuple[Any, ...]], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` converted for an undeclared call, kept for the next call with equal ones."""
+    converted = converter(*args)
+    if len(_CONVERTED) >= _CONVERTED_KEPT:
+        _CONVERTED.clear()
+    _CONVERTED[args] = converted
+    return converted
+
+
 def call(name: str, *args: Any) -> None:
     """Call cuBLAS function ``name`` (declared in the signature table); raise on failure.
 
-    A product's call (gemm, gemv, gemmStridedBatched) goes through its converter (`_gemm`,
-    ...), which passes the same values without ctypes' per-argument conversion (half the host
-    instructions): its arguments must be Python ints, as `gs.matmul` passes them (the tests'
-    recording seam checks that they are; a pointer that is not one raises ``TypeError``). Any
-    other call goes through the declared function, which converts its arguments or refuses
-    them (``ctypes.ArgumentError``)."""
+    A product's call (gemm, gemv, gemmStridedBatched) passes the values its converter (`_gemm`,
+    ...) made of the arguments, without ctypes' per-argument conversion (half the host
+    instructions), and made once for equal arguments (`_CONVERTED`): its arguments must be
+    Python ints, as `gs.matmul` passes them (the tests' recording seam checks that they are; a
+    pointer that is not one raises ``TypeError``). Any other call goes through the declared
+    function, which converts its arguments or refuses them (``ctypes.ArgumentError``)."""
     route = _ROUTES.get(name)
     if route is None:
         route = _route(name)
     declared, count, undeclared, converter = route
     if len(args) != count:
         raise TypeError(f"{name} takes {count} arguments, got {len(args)}")
-    if converter is not None:
-        status = converter(undeclared, *args)
-    else:
+    if converter is None:
         status = declared(*args)
+    else:
+        converted = _CONVERTED.get(args)
+        if converted is None:
+            converted = _convert(converter, args)
+        status = undeclared(*converted)
     if status:
         _check(name, status)
 
