@@ -115,12 +115,13 @@ class _Recorder:
 
 
 def test_a_product_repeated_is_converted_once(monkeypatch):
-    """`call` keeps what a product's arguments were converted to: the same arguments again
-    pass the very same objects (no conversion), other arguments are converted afresh, an
-    argument count that is not the routine's is refused before the table is asked, and the
-    table is emptied when it holds too many."""
+    """`call`'s ctypes way (tests/test_matmul_paths.py has both) keeps what a product's
+    arguments were converted to: the same arguments again pass the very same objects (no
+    conversion), other arguments are converted afresh, an argument count that is not the
+    routine's is refused before the table is asked, and the table is emptied when it holds
+    too many."""
     function = _Recorder()
-    monkeypatch.setitem(cublas._ROUTES, "cublasDgemm_v2", (None, 14, function, cublas._gemm))
+    monkeypatch.setitem(cublas._ROUTES, "cublasDgemm_v2", (None, 14, function, cublas._gemm, None))
     monkeypatch.setattr(cublas, "_CONVERTED", {})
     p = 0x7F12345678A0
     args = (p, 1, 0, 64, 32, 16, p + 8, p + 16, 64, p + 24, 16, p + 32, p + 40, 64)
@@ -143,7 +144,7 @@ def test_a_product_repeated_is_converted_once(monkeypatch):
 def test_a_failed_product_names_the_routine_and_status(monkeypatch):
     """A product's failure, converted afresh or not, raises `CublasError` by name."""
     function = _Recorder(status=7)
-    monkeypatch.setitem(cublas._ROUTES, "cublasSgemv_v2", (None, 12, function, cublas._gemv))
+    monkeypatch.setitem(cublas._ROUTES, "cublasSgemv_v2", (None, 12, function, cublas._gemv, None))
     p = 0x7F12345678A0
     args = (p, 0, 8, 4, p + 8, p + 16, 8, p + 24, 1, p + 32, p + 40, 1)
     for _ in range(2):
@@ -163,7 +164,7 @@ def test_a_products_call_goes_through_its_converter(library):
     """`call` on a product routine: the declared function is never asked; a failure still
     names the routine and status (the stub or real cuBLAS refuses a null handle)."""
     route = cublas._ROUTES.get("cublasSgemm_v2") or cublas._route("cublasSgemm_v2")
-    declared, count, undeclared, converter = route
+    declared, count, undeclared, converter, _binding = route
     assert count == 14 and converter is cublas._gemm and undeclared.argtypes is None
     with pytest.raises(TypeError, match="cublasSgemm_v2 takes 14 arguments, got 2"):
         cublas.call("cublasSgemm_v2", 0, 0)
