@@ -80,17 +80,6 @@ def test_the_cuda_major_of_a_library_file(name, major):
     assert cublas._major_of(name) == major
 
 
-class _Recorder:
-    """A stand-in for an undeclared cuBLAS function: keeps the arguments ctypes would pass."""
-
-    def __init__(self) -> None:
-        self.args: tuple = ()
-
-    def __call__(self, *args):
-        self.args = args
-        return 0
-
-
 def _values(args):
     return [a.value if isinstance(a, (ctypes.c_void_p, ctypes.c_longlong)) else a for a in args]
 
@@ -104,16 +93,65 @@ def test_a_products_undeclared_call_passes_what_its_declaration_would(converter,
     each int as itself, and the values are the arguments given."""
     args = tuple(0x7F0000001000 + 256 * i if kind is ctypes.c_void_p else i + 1
                  for i, kind in enumerate(signature))
-    function = _Recorder()
-    assert converter(function, *args) == 0
-    passed = function.args
+    passed = converter(*args)
     assert _values(passed) == list(args)
     for kind, value in zip(signature, passed, strict=True):
         assert type(value) is (int if kind is ctypes.c_int else kind)
-    first = passed
-    converter(function, *args)
-    assert all(a is b for a, b, kind in zip(first, function.args, signature, strict=True)
+    again = converter(*args)
+    assert all(a is b for a, b, kind in zip(passed, again, signature, strict=True)
                if kind is ctypes.c_void_p)
+
+
+class _Recorder:
+    """A stand-in for an undeclared cuBLAS function: keeps the arguments of each call."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.calls: list[tuple] = []
+        self.status = status
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return self.status
+
+
+def test_a_product_repeated_is_converted_once(monkeypatch):
+    """`call`'s ctypes way (tests/test_matmul_paths.py has both) keeps what a product's
+    arguments were converted to: the same arguments again pass the very same objects (no
+    conversion), other arguments are converted afresh, an argument count that is not the
+    routine's is refused before the table is asked, and the table is emptied when it holds
+    too many."""
+    function = _Recorder()
+    monkeypatch.setitem(cublas._ROUTES, "cublasDgemm_v2", (None, 14, function, cublas._gemm, None))
+    monkeypatch.setattr(cublas, "_CONVERTED", {})
+    p = 0x7F12345678A0
+    args = (p, 1, 0, 64, 32, 16, p + 8, p + 16, 64, p + 24, 16, p + 32, p + 40, 64)
+    cublas.call("cublasDgemm_v2", *args)
+    cublas.call("cublasDgemm_v2", *args)
+    other = args[:12] + (p + 48, 64)  # another output
+    cublas.call("cublasDgemm_v2", *other)
+    first, second, third = function.calls
+    assert _values(first) == list(args) and _values(third) == list(other)
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    assert third[12] is not first[12] and third[7] is first[7]  # (a's pointer: one wrapper)
+    with pytest.raises(TypeError, match="cublasDgemm_v2 takes 14 arguments, got 12"):
+        cublas.call("cublasDgemm_v2", *args[:12])
+    assert len(function.calls) == 3
+    monkeypatch.setattr(cublas, "_CONVERTED_KEPT", 2)
+    cublas.call("cublasDgemm_v2", *args[:13], 65)
+    assert len(cublas._CONVERTED) == 1  # (emptied at two, then this one kept)
+
+
+def test_a_failed_product_names_the_routine_and_status(monkeypatch):
+    """A product's failure, converted afresh or not, raises `CublasError` by name."""
+    function = _Recorder(status=7)
+    monkeypatch.setitem(cublas._ROUTES, "cublasSgemv_v2", (None, 12, function, cublas._gemv, None))
+    p = 0x7F12345678A0
+    args = (p, 0, 8, 4, p + 8, p + 16, 8, p + 24, 1, p + 32, p + 40, 1)
+    for _ in range(2):
+        with pytest.raises(cublas.CublasError, match="cublasSgemv_v2 failed: "
+                                                     "CUBLAS_STATUS_INVALID_VALUE"):
+            cublas.call("cublasSgemv_v2", *args)
+    assert len(function.calls) == 2
 
 
 def test_the_pointer_wrappers_are_bounded():
@@ -126,7 +164,7 @@ def test_a_products_call_goes_through_its_converter(library):
     """`call` on a product routine: the declared function is never asked; a failure still
     names the routine and status (the stub or real cuBLAS refuses a null handle)."""
     route = cublas._ROUTES.get("cublasSgemm_v2") or cublas._route("cublasSgemm_v2")
-    declared, count, undeclared, converter = route
+    declared, count, undeclared, converter, _binding = route
     assert count == 14 and converter is cublas._gemm and undeclared.argtypes is None
     with pytest.raises(TypeError, match="cublasSgemm_v2 takes 14 arguments, got 2"):
         cublas.call("cublasSgemm_v2", 0, 0)
@@ -177,5 +215,5 @@ def test_the_undeclared_calls_reach_c_as_the_declared_ones_do(tmp_path, capfd):
         capfd.readouterr()
         assert declared(*args) == 0
         by_declaration = capfd.readouterr().out
-        assert cublas._CONVERTERS[cublas._SIGNATURES[name]](undeclared, *args) == 0
+        assert undeclared(*cublas._CONVERTERS[cublas._SIGNATURES[name]](*args)) == 0
         assert capfd.readouterr().out == by_declaration and by_declaration.count("0x7f12") >= 5
