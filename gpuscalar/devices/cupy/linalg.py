@@ -4,9 +4,12 @@ executor, `CupyBlas`), and `gs.dot`/`gs.vdot` while a graph is recorded.
 Why this module exists: CuPy's own cuBLAS calls refuse stream capture (see
 `gpuscalar.devices.cupy.cublas`), so `gpuscalar.matmul`'s front (argument checks, promotion,
 shapes, the table of planned products) hands a CuPy product to this executor, which calls cuBLAS
-on a handle of its own per device and stream, bound to that stream once, with a fixed workspace,
+on a handle of its own per device and stream, with a fixed workspace for what a graph records,
 alpha and beta read from device memory: a product can be recorded and replayed, and alpha/beta
-may be GPUScalars without a sync.
+may be GPUScalars without a sync. Outside a capture the product goes through CuPy's Cython
+binding on the same handle (cheaper on the host; cuBLAS's default workspace, as CuPy's own
+products), inside one through ctypes after the fixed workspace is bound again
+(`gpuscalar.devices.cupy.cublas.call`).
 
 Layouts: cuBLAS is column-major; a row-major ``C = A @ B`` is computed as ``Cᵀ = Bᵀ Aᵀ`` on the
 same buffers. An operand may be C-contiguous or a transposed (F-contiguous) view, and its rows may
@@ -464,7 +467,7 @@ class CupyBlas:
 
 # ---- CuPy: the cuBLAS handles ------------------------------------------------------------------
 #
-# One handle (and 32 MiB workspace) per device and stream, bound to that stream once. A handle
+# One handle (and 32 MiB workspace for recorded products) per device and stream. A handle
 # lives as long as its stream: a captured step's private stream is released with the step
 # (`release_stream`); any other stream object is watched (weakref.finalize), and when it is
 # garbage-collected its handle leaves the table at once (a new stream may reuse the pointer) and
