@@ -86,7 +86,7 @@ def sgd_step(
     dampening = hyper(dampening, "dampening", backend, device)
     if not isinstance(nesterov, bool):
         raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
-    skip = check_skip(skip_if, backend, device)
+    skip = None if skip_if is None else check_skip(skip_if, backend, device)
     if not isinstance(momentum, GPUScalar) and momentum == 0:
         if nesterov:
             raise ValueError("nesterov momentum needs momentum > 0")

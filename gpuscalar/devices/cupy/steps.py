@@ -4,9 +4,11 @@ Why this module exists: it is the CUDA half of `gpuscalar.optim.executors` (whic
 executor protocol, `route` and `run_program`): each step is a kernel generated from its
 `Program` (`gpuscalar.optim.kernels`, device-neutral text) and launched through
 `Backend.launch_kernel`'s seam, the compiled kernels kept in ONE bounded cache
-(`_STEP_KERNELS`). The launch emulator (tests/test_optim_launch.py) replaces CuPy's `CudaSeam`
-(`CUPY.seam_replaced`), not this executor. `CupyBackend` names `CudaExecutor` as its
-``"steps"`` executor.
+(`_STEP_KERNELS`). What a launch needs beyond its arguments (the kernel, a single-tensor
+launch's grid and count) is decided once per variant and found again with one dict read
+(`_LAUNCH_PLANS`): a repeated step costs little more than CuPy's launch. The launch emulator
+(tests/test_optim_launch.py) replaces CuPy's `CudaSeam` (`CUPY.seam_replaced`), not this
+executor. `CupyBackend` names `CudaExecutor` as its ``"steps"`` executor.
 """
 
 from __future__ import annotations
