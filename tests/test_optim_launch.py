@@ -722,3 +722,41 @@ def test_the_emulator_bounds_every_table_read(emu):
     for at, count in [(address, 5), (address + 4, 4), (64, 1)]:
         with pytest.raises(AssertionError, match="which no allocation holds"):
             emu._memory(at, np.dtype(np.float32), count)
+
+
+def test_a_repeated_functional_step_reuses_its_launch_plan(emu, rng, monkeypatch):
+    """A functional step's kernel, grid and count are decided once per (program, dtype, scalar
+    kinds, skip kind, size): a repeated step makes no new plan and skips the general array
+    checks, with the values of the general path; another size or dtype makes its own plan.
+    Non-contiguous arrays still get the general checks' error."""
+    from gpuscalar.optim import checks
+
+    p0, g0 = rng.standard_normal(300), rng.standard_normal(300)
+    p, g = emu.xp.asarray(p0), emu.xp.asarray(g0)
+    lr = gs.GPUScalar(emu.xp.asarray(0.05))  # read through a pointer
+    optim.sgd_step(p, g, lr=lr)
+    assert steps._LAUNCH_PLANS  # (emptied under this seam, then made)
+    made = []
+    plan = steps.CudaExecutor._plan
+    monkeypatch.setattr(steps.CudaExecutor, "_plan",
+                        lambda self, key: made.append(key) or plan(self, key))
+    with monkeypatch.context() as patch:
+        patch.setattr(checks, "check_array", _refuse_checks)
+        for _ in range(3):
+            optim.sgd_step(p, g, lr=lr, weight_decay=0.0)
+    assert made == []
+    expected = p0.copy()
+    for _ in range(4):
+        expected = expected - 0.05 * (g0 + 0.0 * expected)
+    np.testing.assert_allclose(host_view(p), expected, rtol=1e-12)
+    q = emu.xp.asarray(rng.standard_normal(7).astype(np.float32))
+    optim.sgd_step(q, emu.xp.asarray(np.ones(7, np.float32)), lr=lr)
+    assert len(made) == 1 and made[0][1] == np.float32 and made[0][-1] == 7
+    strided = emu.xp.asarray(np.zeros(600))[::2]
+    assert checks._placed(p, strided) is None
+    with pytest.raises(ValueError, match="grad must be C-contiguous"):
+        optim.sgd_step(p, strided, lr=lr)
+
+
+def _refuse_checks(*args, **kwargs):
+    raise AssertionError("the general checks ran")

@@ -200,6 +200,7 @@ class Optimizer:
         # the "table" is each tensor's "grad" entry.
         self._grad_table = grad_table
         self._order = [i for group in self._groups for i in group.indices]
+        self._in_order = self._order == list(range(len(items)))  # (one dtype group, say)
         n = len(items)
         bounds = [(lo, min(lo + ADDRESS_CHUNK, n)) for lo in range(0, n, ADDRESS_CHUNK)]
         self._address_chunks = [

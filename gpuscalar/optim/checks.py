@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,14 +19,26 @@ import numpy as np
 
 from .. import sync
 from ..backend import Backend
-from ..devices import backend_of
+from ..devices import BACKENDS, backend_of
 from ..scalar import GPUScalar
-from .executors import _read_only, executor_for
+from .executors import Executor, _read_only, executor_for
 from .kernels import KERNEL_DTYPE_NAMES
 from .program import POINTER_KINDS
 
 __all__ = ["check_array", "check_like", "step_arrays", "check_writeable", "check_skip", "hyper",
            "describe", "betas_pair", "first_overlap", "byte_span"]
+
+
+#: An array's layout: what `check_array` decides from (its type gives the backend; with its
+#: dtype, shape and strides, whether the kernels take it), read in one C call.
+_LAYOUT = operator.attrgetter("__class__", "shape", "dtype", "strides")
+#: Layouts `check_array` accepted -> their backend and its executor, so that a step's arrays
+#: are checked with one dict read (`step_arrays`). Few in a program (a shape and dtype per
+#: parameter); emptied past `_KNOWN_LAYOUTS` entries, or when a backend is registered
+#: (`BACKENDS`: an array type's backend is decided in its order).
+_LAYOUTS: dict[tuple[Any, ...], tuple[Backend, Executor]] = {}
+_KNOWN_LAYOUTS = 1024
+_layouts_for: list[int] = [len(BACKENDS)]
 
 
 def check_array(value: Any, what: str) -> Backend:
@@ -39,7 +52,23 @@ def check_array(value: Any, what: str) -> Backend:
             f"{what} must be C-contiguous for the fused {backend.name} kernel (got strides "
             f"{value.strides}); pass a contiguous copy (xp.ascontiguousarray)"
         )
+    _learn_layout(value, backend)
     return backend
+
+
+def _learn_layout(value: Any, backend: Backend) -> None:
+    """Remember that arrays of ``value``'s layout pass `check_array` (on ``backend``): each is
+    a function of the layout (the backend of the type, the dtype, C-contiguity of the shape and
+    strides at the dtype's item size)."""
+    try:
+        layout = _LAYOUT(value)
+        hash(layout)
+    except (AttributeError, TypeError):  # (an array type with odd attributes: not remembered)
+        return
+    if len(_LAYOUTS) >= _KNOWN_LAYOUTS or _layouts_for[0] != len(BACKENDS):
+        _LAYOUTS.clear()
+        _layouts_for[0] = len(BACKENDS)
+    _LAYOUTS[layout] = backend, executor_for(backend)
 
 
 def check_like(
@@ -75,7 +104,14 @@ def check_like(
 def step_arrays(param: Any, grad: Any, **state: Any) -> tuple[Backend, object]:
     """Validate a functional step's arrays, before anything is written: ``grad`` and the
     ``state`` arrays (by name) like ``param``; ``param`` and the state writeable. Returns the
-    backend and device."""
+    backend and device.
+
+    The common case costs a few C calls (`_placed`): every array of one layout `check_array`
+    accepted before, on one device, writeable; otherwise each check runs in turn, and the
+    first that fails says what is wrong."""
+    placed = _placed(param, grad, *state.values())
+    if placed is not None:
+        return placed
     backend = check_array(param, "param")
     for what, value in (("grad", grad), *state.items()):
         check_like(value, param, what, "param", backend)
@@ -84,9 +120,43 @@ def step_arrays(param: Any, grad: Any, **state: Any) -> tuple[Backend, object]:
     return backend, backend.device_of(param)
 
 
+def _placed(param: Any, *others: Any) -> tuple[Backend, object] | None:
+    """``(backend, device)`` when `step_arrays`' checks would all pass for ``param`` and
+    ``others`` (the grad, then the state): ``param``'s layout was accepted by `check_array`,
+    each other array has the same layout (so the same backend, shape, dtype and contiguity) and
+    device, and what the step writes is writeable. None when it cannot tell at once."""
+    try:
+        layout = _LAYOUT(param)
+        known = _LAYOUTS.get(layout)
+        if known is None or _layouts_for[0] != len(BACKENDS):
+            return None
+        for other in others:
+            if _LAYOUT(other) != layout:
+                return None
+    except (AttributeError, TypeError):  # not an array (or an unhashable shape): the checks say
+        return None
+    backend, executor = known
+    device = backend.device_of(param)
+    if backend.multi_device:
+        for other in others:
+            if backend.device_of(other) != device:
+                return None
+    if executor.read_only_possible:
+        if not executor.writeable(param):
+            return None
+        for other in others[1:]:  # (the grad is only read)
+            if not executor.writeable(other):
+                return None
+    return backend, device
+
+
 def check_writeable(backend: Backend, array: Any, what: str) -> None:
     if not executor_for(backend).writeable(array):
         raise _read_only(what)
+
+
+#: The dtypes of GPUScalars a kernel reads as a real hyperparameter (through a pointer).
+_REAL_SCALAR_DTYPES = frozenset(dtype for dtype in POINTER_KINDS if dtype.kind in "fiu")
 
 
 def hyper(
@@ -101,6 +171,8 @@ def hyper(
 ) -> Any:
     """Validate a hyperparameter: a Python/NumPy real number (range-checked on the host) or a
     real GPUScalar on ``backend`` and ``device`` (its value is not checked: that would sync)."""
+    if type(value) is float and high is None and low is not None and value >= low:
+        return value  # (the common case first: this runs for every hyperparameter of a step)
     if isinstance(value, GPUScalar):
         if value.backend is not backend:
             raise TypeError(
@@ -108,7 +180,7 @@ def hyper(
             )
         if backend.multi_device and value.device != device:
             raise ValueError(f"{name} is on device {value.device!r} but the arrays on {device!r}")
-        if value.dtype.kind not in "fiu" or value.dtype not in POINTER_KINDS:
+        if value.dtype not in _REAL_SCALAR_DTYPES:
             raise TypeError(
                 f"{name} must be a real number, got a GPUScalar of dtype {value.dtype} (the "
                 "kernels read float32/float64/int32/int64/uint32/uint64 scalars)"

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..lazy import expr
+from ..lazy.expr import KEY
 from ..scalar import GPUScalar, _array_of, _node_of
 from .program import (
     PENDING_KINDS,
@@ -56,6 +57,7 @@ class Group(Protocol):
     n_blocks: int
     tensors: list[dict[str, Any]]  # set by the host executor
     prefix: tuple[Any, ...]  # set by the CUDA executor: the kernel's leading arguments
+    grid: tuple[int]  # set by the CUDA executor: the multi-tensor kernel's grid
     _tables: Any
     _blocks: Any
 
@@ -66,6 +68,8 @@ class Optimizer(Protocol):
 
     @property
     def _order(self) -> Sequence[int]: ...
+    @property
+    def _in_order(self) -> bool: ...
     @property
     def _address_chunks(self) -> Sequence[tuple[int, int, Any]]: ...
     @property
@@ -85,6 +89,8 @@ class Executor:
     #: whether arrays are plain NumPy arrays (any layout works; a value can be printed in an
     #: error message without a device read)
     plain_numpy: bool = False
+    #: whether an array may be read-only (then `writeable` is asked before a step writes it)
+    read_only_possible: bool = False
     #: whether gradients the optimizer saw last step must be validated again (NumPy lets an
     #: array's shape change in place; device arrays cannot)
     recheck_grads: bool = False
@@ -92,8 +98,9 @@ class Executor:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def fuses(self, plan: expr.Plan) -> bool:
-        """Whether a pending scalar of ``plan``'s structure can be computed inside the step."""
+    def fuses(self, key: int) -> bool:
+        """Whether a pending scalar of the structure ``key`` can be computed inside the step
+        (asked on every step of a pending scalar: an executor answers from a table by key)."""
         raise NotImplementedError
 
     def writeable(self, array: Any) -> bool:
@@ -104,9 +111,10 @@ class Executor:
         """Whether two arrays whose byte spans overlap really share an element."""
         return True
 
-    def run(self, program: Program, routed: list[Routed], arrays: Mapping[str, Any],
+    def run(self, program: Program, routed: list[Routed], arrays: Sequence[Any],
             skip: Routed | None) -> None:
-        """``program`` on one tensor (``arrays`` by the program's array names): one op."""
+        """``program`` on one tensor (``arrays`` in the order of ``program.arrays``, validated;
+        ``routed``: its scalars, `route`d in the order of ``program.scalars``): one op."""
         raise NotImplementedError
 
     def new_grad_table(self, n: int) -> Any:
@@ -159,17 +167,19 @@ def route(value: Any) -> Routed:
     A pending GPUScalar is computed by the kernel itself, in its prelude: no launch of its own
     (unless its executor cannot compute it there: then it is materialized first, one launch).
     """
+    cls = type(value)
+    if cls is float or cls is int:  # (the common case first: hyperparameters are numbers)
+        return VALUE, (value,)
     if isinstance(value, GPUScalar):
         node = _node_of(value)
         if node is not None:
-            plan = expr.plan_of(node)
-            if executor_for(value.backend).fuses(plan):
-                key = plan.key  # each shape's kind made once (`PENDING_KINDS`)
+            key = node[KEY]
+            if executor_for(value.backend).fuses(key):  # each shape's kind made once
                 kind = PENDING_KINDS.get(key) or PENDING_KINDS.setdefault(key, PendingScalar(key))
                 return kind, tuple(expr.leaves_of(node))
         array = _array_of(value)  # CuPy cannot compute it in the kernel: one launch first
         return POINTER_KINDS[array.dtype], (array,)
-    if type(value) is CounterRead:
+    if cls is CounterRead:
         return value.kind, (value.array,)
     return VALUE, (value,)
 
@@ -185,4 +195,5 @@ def run_program(
     or GPUScalars; arrays are same-shape, same-dtype arrays of ``backend``."""
     routed = [route(scalars[name]) for name in program.scalars]
     skip_routed = None if skip is None else route(skip)
-    executor_for(backend).run(program, routed, arrays, skip_routed)
+    executor_for(backend).run(program, routed, [arrays[name] for name in program.arrays],
+                              skip_routed)

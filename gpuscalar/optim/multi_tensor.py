@@ -34,6 +34,7 @@ class Group:
 
     tensors: list[dict[str, Any]]  # host executor: NumPy data per tensor, by array name
     prefix: tuple[Any, ...]  # CUDA executor: the kernel's table arguments
+    grid: tuple[int]  # CUDA executor: the kernel's grid (one block per chunk)
     _tables: Any  # CUDA executor: the address tables and block table, kept alive
     _blocks: Any
 

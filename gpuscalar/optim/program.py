@@ -26,6 +26,7 @@ from ..lazy.rules import RuleTerm
 __all__ = ["Program", "PROGRAMS", "register", "COUNTER_READS", "ScalarKind", "ScalarCode",
            "ValueScalar", "PointerScalar", "CounterScalar", "PendingScalar", "VALUE",
            "POINTER_CTYPES", "POINTER_KINDS", "PENDING_KINDS", "COUNTER_KINDS", "CounterRead",
+           "BoundedTable",
            "evaluate_host", "apply_rules"]
 
 _counter = rules.symbol("counter")
@@ -133,6 +134,8 @@ class ScalarKind(tuple):
     __slots__ = ()
     #: the kind's first element, naming it in the plain tuple form
     tag: ClassVar[str]
+    #: whether `arguments` returns the leaves as they are (a launch then skips the call)
+    passes_leaves: ClassVar[bool] = True
 
     def __new__(cls: type[_Kind], *fields: Any) -> _Kind:
         return tuple.__new__(cls, (cls.tag, *fields))
@@ -173,6 +176,7 @@ class ValueScalar(ScalarKind):
 
     __slots__ = ()
     tag = "value"
+    passes_leaves = False
 
     def declaration(self, name: str, ctype: str = "T") -> ScalarCode:
         return ScalarCode((f"const T {name}_val",),
@@ -259,19 +263,21 @@ VALUE = ValueScalar()
 POINTER_KINDS: dict[np.dtype, PointerScalar] = {
     np.dtype(name): PointerScalar(name) for name in POINTER_CTYPES
 }
-class _PendingKinds(OrderedDict):
-    """`PENDING_KINDS`: a plain dict read on a hit; past `expr.cache_size` kinds the oldest is
-    dropped (a kind is remade equal from its key), so the structure keys it holds can be
-    dropped too (`gpuscalar.lazy.keytable`)."""
+class BoundedTable(OrderedDict):
+    """A table keyed by structure (a pending kind, a fusion answer, a launch plan): a plain dict
+    read on a hit (``get``, one C call: the step's hot path); filled with ``setdefault``, so
+    threads meeting a key first together keep one value, and past `expr.cache_size` entries
+    the oldest is dropped (each is remade equal from its key), so the structure keys it holds
+    can be dropped too (`gpuscalar.lazy.keytable`)."""
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        kind = super().setdefault(key, default)
+        value = super().setdefault(key, default)
         while len(self) > expr.cache_size():
             try:
                 self.popitem(last=False)
             except KeyError:  # emptied by another thread meanwhile
                 break
-        return kind
+        return value
 
 
 #: The pending kinds, by structure key, each made once: `route` asks on every step of a pending
@@ -279,7 +285,7 @@ class _PendingKinds(OrderedDict):
 #: Bounded with gpuscalar.lazy's caches (`expr.cache_size` kinds, ~100 bytes each, oldest
 #: dropped first); filled with ``setdefault``, so threads meeting a shape first together keep
 #: one kind.
-PENDING_KINDS: dict[Any, PendingScalar] = _PendingKinds()
+PENDING_KINDS: dict[Any, PendingScalar] = BoundedTable()
 #: The step counter's kinds, by read (`CounterRead.kind`).
 COUNTER_KINDS: dict[str, CounterScalar] = {read: CounterScalar(read) for read in COUNTER_READS}
 

@@ -21,8 +21,8 @@ from .base import (
     nonnegative,
     uses_momentum,
 )
-from .checks import check_array, check_like, check_skip, check_writeable, hyper
-from .executors import run_program
+from .checks import check_like, check_skip, check_writeable, hyper, step_arrays
+from .executors import executor_for, route, run_program
 from .program import Program, register
 
 __all__ = ["SGD_PLAIN", "SGD_MOMENTUM", "SGD_NESTEROV", "sgd_step", "SGD"]
@@ -77,10 +77,7 @@ def sgd_step(
     One fused kernel, no sync; ``skip_if`` as in `adam_step` (a buffer created by a skipped
     call holds no history yet: pass None again).
     """
-    backend = check_array(param, "param")
-    device = backend.device_of(param)
-    check_like(grad, param, "grad", "param", backend)
-    check_writeable(backend, param, "param")
+    backend, device = step_arrays(param, grad)
     scalars = {
         "lr": hyper(lr, "lr", backend, device),
         "weight_decay": hyper(weight_decay, "weight_decay", backend, device),
@@ -89,13 +86,15 @@ def sgd_step(
     dampening = hyper(dampening, "dampening", backend, device)
     if not isinstance(nesterov, bool):
         raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
-    skip = check_skip(skip_if, backend, device)
+    skip = None if skip_if is None else check_skip(skip_if, backend, device)
     if not isinstance(momentum, GPUScalar) and momentum == 0:
         if nesterov:
             raise ValueError("nesterov momentum needs momentum > 0")
         if momentum_buffer is not None:
             raise ValueError("momentum_buffer given but momentum is 0")
-        run_program(backend, SGD_PLAIN, scalars, {"param": param, "grad": grad}, skip)
+        routed = [route(scalars["lr"]), route(scalars["weight_decay"])]  # SGD_PLAIN's scalars
+        executor_for(backend).run(SGD_PLAIN, routed, (param, grad),
+                                  None if skip is None else route(skip))
         return None
     if nesterov and not isinstance(dampening, GPUScalar) and dampening != 0:
         raise ValueError("nesterov momentum needs dampening == 0")

@@ -4,14 +4,17 @@ Why this module exists: it is the CUDA half of `gpuscalar.optim.executors` (whic
 executor protocol, `route` and `run_program`): each step is a kernel generated from its
 `Program` (`gpuscalar.optim.kernels`, device-neutral text) and launched through
 `Backend.launch_kernel`'s seam, the compiled kernels kept in ONE bounded cache
-(`_STEP_KERNELS`). The launch emulator (tests/test_optim_launch.py) replaces CuPy's `CudaSeam`
-(`CUPY.seam_replaced`), not this executor. `CupyBackend` names `CudaExecutor` as its
-``"steps"`` executor.
+(`_STEP_KERNELS`). What a launch needs beyond its arguments (the kernel, a single-tensor
+launch's grid and count) is decided once per variant and found again with one dict read
+(`_LAUNCH_PLANS`): a repeated step costs little more than CuPy's launch. The launch emulator
+(tests/test_optim_launch.py) replaces CuPy's `CudaSeam` (`CUPY.seam_replaced`), not this
+executor. `CupyBackend` names `CudaExecutor` as its ``"steps"`` executor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +31,7 @@ from ...optim.kernels import (
     _kernel_source,
     address_table_source,
 )
-from ...optim.program import Program
+from ...optim.program import BoundedTable, Program
 from .backend import CUPY
 
 __all__ = ["CudaExecutor", "step_kernel_count", "STEP_BLOCK"]
@@ -39,21 +42,33 @@ class CudaExecutor(Executor):
 
     backend: Any  # CuPy's (``launch_kernel``); tests replace its seam, never this backend
 
-    def fuses(self, plan: expr.Plan) -> bool:
-        return _cupy_fuses(plan)
+    def fuses(self, key: int) -> bool:
+        found = _CUPY_FUSES.get(key)
+        return _cupy_fuses(key) if found is None else found
 
-    def run(self, program: Program, routed: list[Routed], arrays: Mapping[str, Any],
+    def run(self, program: Program, routed: list[Routed], arrays: Sequence[Any],
             skip: Routed | None) -> None:
-        first = arrays[program.arrays[0]]
-        key = (program, KERNEL_DTYPE_NAMES[first.dtype], tuple(kind for kind, _ in routed),
-               None if skip is None else skip[0], False)
-        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
-        args: list[Any] = [np.int64(first.size)]
-        args += [arrays[name_] for name_ in program.arrays]
-        size, block = first.size, STEP_BLOCK
-        grid = max(1, min((size + block - 1) // block, 65535))  # as `Backend.launch_kernel`
-        self.backend.call(kernel, (grid,), (block,),
-                          tuple(_scalar_arguments(args, routed, skip, first.dtype.type)))
+        first = arrays[0]
+        dtype = first.dtype
+        key = (program, dtype, tuple(map(_KIND, routed)), None if skip is None else skip[0],
+               first.size)
+        plan = _LAUNCH_PLANS.get(key) or self._plan(key)
+        args = [plan.n, *arrays]
+        self.backend.call(plan.kernel, plan.grid, (STEP_BLOCK,),
+                          _arguments(args, routed, skip, dtype.type))
+
+    def _plan(self, key: tuple) -> LaunchPlan:
+        """The launch plan of a `_LAUNCH_PLANS` key (its kernel compiled on first use)."""
+        program, dtype, kinds, skip, size = key
+        kernel_key = (program, KERNEL_DTYPE_NAMES[dtype], kinds, skip, size is None)
+        kernel = _STEP_KERNELS.hit(kernel_key) or _STEP_KERNELS.get(kernel_key, _compile,
+                                                                    self.backend, kernel_key)
+        if size is None:  # the multi-tensor layout: its group gives the grid
+            plan = LaunchPlan(kernel, None, None)
+        else:  # grid-stride over the tensor, the grid as `Backend.launch_kernel` makes it
+            grid = max(1, min((size + STEP_BLOCK - 1) // STEP_BLOCK, 65535))
+            plan = LaunchPlan(kernel, (grid,), np.int64(size))
+        return _LAUNCH_PLANS.setdefault(key, plan)
 
     def new_grad_table(self, n: int) -> Any:
         backend = self.backend
@@ -78,14 +93,15 @@ class CudaExecutor(Executor):
         # when the gradient arrays change), then the state buffers
         group.prefix = (group._tables[0], grad_table, *group._tables[1:], group._blocks,
                         np.int64(group.n_blocks))
+        group.grid = (group.n_blocks,)
 
     def launch(self, group: Group, program: Program, scalars: list[Routed],
                skip: Routed | None) -> None:
-        key = (program, KERNEL_DTYPE_NAMES[group.dtype], tuple(kind for kind, _ in scalars),
-               None if skip is None else skip[0], True)
-        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
-        args = _scalar_arguments(list(group.prefix), scalars, skip, group.dtype.type)
-        self.backend.call(kernel, (group.n_blocks,), (MULTI_TENSOR_BLOCK,), tuple(args))
+        key = (program, group.dtype, tuple(map(_KIND, scalars)),
+               None if skip is None else skip[0], None)
+        plan = _LAUNCH_PLANS.get(key) or self._plan(key)
+        self.backend.call(plan.kernel, group.grid, (MULTI_TENSOR_BLOCK,),
+                          _arguments(list(group.prefix), scalars, skip, group.dtype.type))
 
     def write_grads(self, opt: Optimizer, items: list[Any]) -> None:
         """One launch per `ADDRESS_CHUNK` entries of the gradient table, each carrying its
@@ -93,8 +109,9 @@ class CudaExecutor(Executor):
         and no host memory is read after the launch)."""
         backend, order = self.backend, opt._order
         addresses = np.zeros(len(opt._address_chunks) * ADDRESS_CHUNK, np.int64)
-        addresses[: len(order)] = np.fromiter(
-            backend.data_addresses(map(items.__getitem__, order)), np.int64, count=len(order))
+        ordered = items if opt._in_order else map(items.__getitem__, order)
+        addresses[: len(order)] = np.fromiter(backend.data_addresses(ordered), np.int64,
+                                              count=len(order))
         packed = addresses.view(ADDRESS_STRUCT)  # one struct per chunk
         source, name = address_table_source()
         for k, (lo, hi, table) in enumerate(opt._address_chunks):
@@ -103,20 +120,37 @@ class CudaExecutor(Executor):
 
     def increment(self, count: Any, skip: Routed | None) -> None:
         key = ("count", None if skip is None else skip[0])
-        kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
-        args = [count] + ([] if skip is None else list(skip[1]))
-        self.backend.call(kernel, (1,), (1,), tuple(args))
+        kernel = _LAUNCH_PLANS.get(key)
+        if kernel is None:
+            kernel = _STEP_KERNELS.hit(key) or _STEP_KERNELS.get(key, _compile, self.backend, key)
+            kernel = _LAUNCH_PLANS.setdefault(key, kernel)
+        self.backend.call(kernel, (1,), (1,), (count,) if skip is None else (count, *skip[1]))
 
 
-def _scalar_arguments(args: list[Any], scalars: list[Routed], skip: Routed | None,
-                      ctype: type) -> list[Any]:
+class LaunchPlan:
+    """What a step's launch needs beyond its arrays and scalars, decided once per (program,
+    dtype, scalar kinds, skip kind, layout and size): the compiled kernel, and the grid and
+    element count of a single-tensor launch."""
+
+    __slots__ = ("kernel", "grid", "n")
+
+    def __init__(self, kernel: Any, grid: tuple[int] | None, n: np.int64 | None) -> None:
+        self.kernel, self.grid, self.n = kernel, grid, n
+
+
+def _arguments(args: list[Any], scalars: list[Routed], skip: Routed | None,
+               ctype: type) -> tuple[Any, ...]:
     """``args`` followed by each scalar's kernel arguments (as its kind declares them) and the
     skip flag's."""
     for kind, leaves in scalars:
-        args += kind.arguments(leaves, ctype)
+        args += leaves if kind.passes_leaves else kind.arguments(leaves, ctype)
     if skip is not None:
         args += skip[1]
-    return args
+    return tuple(args)
+
+
+#: a routed scalar's kind
+_KIND = operator.itemgetter(0)
 
 
 #: THE cache of compiled optimizer kernels, one `expr.BoundedCache` (bounded with fusion's caches
@@ -131,6 +165,12 @@ def _scalar_arguments(args: list[Any], scalars: list[Routed], skip: Routed | Non
 #: under that seam).
 _STEP_KERNELS = expr.BoundedCache()
 CUPY.seam_cache(_STEP_KERNELS)  # type: ignore[arg-type]  # (dict-like: keys, [], update, clear)
+#: What a step looks up on every launch, one C-level dict read on a hit: (program, dtype,
+#: scalar kinds, skip kind, tensor size or None for the multi-tensor layout) -> `LaunchPlan`,
+#: and the step counter's kernel by its `_STEP_KERNELS` key. Bounded alike (oldest dropped
+#: first); each entry holds its kernel, so at most twice the bound of kernels stay alive (as
+#: fusion's dispatch plans). Emptied under a test seam like `_STEP_KERNELS`.
+_LAUNCH_PLANS: dict[Any, Any] = CUPY.seam_cache(BoundedTable())
 #: Block size of the single-tensor (grid-stride) step kernels, `Backend.launch_kernel`'s.
 STEP_BLOCK = 256
 
@@ -149,22 +189,17 @@ def step_kernel_count() -> int:
     return len(_STEP_KERNELS)
 
 
-#: plan key -> whether CuPy can compute that structure in a step's prelude (bounded alike).
-_CUPY_FUSES: Any = expr.BoundedCache()
+#: structure key -> whether CuPy can compute that structure in a step's prelude (bounded alike).
+_CUPY_FUSES: dict[int, bool] = BoundedTable()
 
 
-def _cupy_fuses(plan: expr.Plan) -> bool:
-    """Whether CuPy kernel code can be generated for ``plan``'s expressions (not, e.g., an
-    operation CuPy has no fusable routine for): decided once per structure."""
+def _cupy_fuses(key: int) -> bool:
+    """Whether CuPy kernel code can be generated for the expressions of structure ``key`` (not,
+    e.g., an operation CuPy has no fusable routine for): decided once per structure."""
     try:
-        return _CUPY_FUSES[plan.key]
-    except KeyError:
-        pass
-    try:
-        codegen.plan_code(plan, "probe_")
+        codegen.plan_code(expr.plan_for_key(key), "probe_")
     except codegen.FusionUnsupported:
         fuses = False
     else:
         fuses = True
-    _CUPY_FUSES[plan.key] = fuses
-    return fuses
+    return _CUPY_FUSES.setdefault(key, fuses)

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ...backend import Backend
-from ...lazy import expr
 from ...optim.executors import Executor, Group, Optimizer, Routed, _read_only
 from ...optim.program import Program, evaluate_host
 
@@ -27,13 +26,14 @@ class HostExecutor(Executor):
     """NumPy evaluation of the Programs inside one counted op per would-be kernel."""
 
     recheck_grads = True
+    read_only_possible = True
 
     def __init__(self, backend: Backend, *, plain_numpy: bool) -> None:
         super().__init__(backend)
         self.plain_numpy = plain_numpy
         self.contiguous = not plain_numpy  # the strict device keeps CuPy's requirement
 
-    def fuses(self, plan: expr.Plan) -> bool:
+    def fuses(self, key: int) -> bool:
         return True  # the host evaluator computes any expression
 
     def writeable(self, array: Any) -> bool:
@@ -43,10 +43,10 @@ class HostExecutor(Executor):
         data = self.backend.host_data
         return bool(np.shares_memory(data(a), data(b)))
 
-    def run(self, program: Program, routed: list[Routed], arrays: Mapping[str, Any],
+    def run(self, program: Program, routed: list[Routed], arrays: Sequence[Any],
             skip: Routed | None) -> None:
         backend = self.backend
-        tensors = [{name: backend.host_data(array) for name, array in arrays.items()}]
+        tensors = [dict(zip(program.arrays, map(backend.host_data, arrays), strict=True))]
         backend.call(evaluate_host, backend, program, routed, tensors, skip)
 
     def attach(self, group: Group, params: list[Any], sizes: list[int], chunks: list[int],
