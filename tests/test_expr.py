@@ -87,6 +87,24 @@ def test_a_counter_plus_one_stays_one_node():
     assert down.dtype == np.int64 and down._node[1] == 1 and int(down) == 5 - 7 - 1
 
 
+def test_a_folded_counter_wraps_as_its_device_integer():
+    """The folded constant is summed in the loop's integer type: exactly (NumPy's arithmetic
+    on the previous constant) where the sum fits, wrapped (two's complement) where it does
+    not, with no warning either way, and the value is the eager one."""
+    near_max = gs.asscalar(5, dtype=np.int64)
+    small = gs.asscalar(np.int8(120)) + np.int8(0)  # a strong int8: an int8 loop
+    recipes = [lambda: near_max + (2**63 - 1) + 1, lambda: near_max - 1 - (2**63 - 1) - 1,
+               lambda: small + 5 + 5 - 1, lambda: small + 100 + 100, lambda: small - 100 - 100]
+    for recipe in recipes:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            folded = recipe()
+        assert folded._node.size == 1
+        with gs.lazy(False):
+            expected = recipe()
+        assert folded.dtype == expected.dtype and int(folded) == int(expected)
+
+
 def test_walks_are_iterative():
     op = expr.get_op("ufunc", "add", (np.dtype(float),) * 2, (np.dtype(float),))
     node = np.asarray(0.0)

@@ -207,8 +207,12 @@ class CudaRing:
         kernel = self._plans.get(tuple(parts))
         if kernel is None:
             return self._record_checked(values)
-        with self.seam.device_context(device):
+        seam = self.seam
+        if seam.is_current_device(device):  # (the common record: no device switch to make)
             CUPY.call(kernel, _GRID, _BLOCK, tuple(args))
+        else:
+            with seam.device_context(device):
+                CUPY.call(kernel, _GRID, _BLOCK, tuple(args))
         return None
 
     def _record_checked(self, values: dict[str, Any]) -> None:
