@@ -171,6 +171,35 @@ def test_rows_overwritten_on_the_device_are_counted(dev):
     assert log.dropped == 3
 
 
+def test_record_and_ready_switch_devices_only_where_the_ring_is_not_current(dev, monkeypatch):
+    """A record or a poll on the current device (the common case) enters no device context;
+    where the ring's device is not the current one (forced here: the fake memory has one
+    device) both enter it, with the same launches and the same rows."""
+    entered: list[object] = []
+    enter = type(dev).device_context
+
+    def counted(seam: RecordingSeam, device: object) -> object:
+        entered.append(device)
+        return enter(seam, device)
+
+    monkeypatch.setattr(type(dev), "device_context", counted)
+    s = gs.sum(dev.array(np.arange(1.0, 5.0)))
+    log = gs.MetricLog(capacity=8)
+    log.record(loss=s, lr=0.1)  # the first: the ring made and the kernel built, checked
+    entered.clear()
+    dev.clear()
+    log.record(loss=s, lr=0.05)
+    assert log.ready() == []  # starts the copy home
+    assert entered == [] and dev.kinds() == ["raw"]
+    monkeypatch.setattr(type(dev), "is_current_device", lambda seam, device: False)
+    log.record(loss=s, lr=0.025)
+    rows = log.ready()
+    assert entered == [0, 0] and dev.kinds() == ["raw", "raw"]
+    assert dev.launches[0].func is dev.launches[1].func
+    assert [row["lr"] for row in rows] == [0.1, 0.05] and rows[0]["loss"] == 10.0
+    assert [row["lr"] for row in log.flush()] == [0.025]
+
+
 def test_record_kernels_compile_with_nvrtc_for_every_column_kind():
     cupy_or_fail()
     with fake_memory() as memory, recording(memory, compile=True) as seam:

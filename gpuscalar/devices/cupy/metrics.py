@@ -255,17 +255,24 @@ class CudaRing:
     def poll(self) -> list[np.ndarray]:
         """The snapshots whose copy has landed (in order; queried, never waited for); then,
         when no copy is under way, the next snapshot is started."""
-        seam, done = self.seam, []
-        in_flight = self._in_flight
-        with seam.device_context(self.device):
-            self._not_capturing("ready")
-            while in_flight and seam.event_done(in_flight[0].copied):
-                transfer = in_flight.popleft()
-                done.append(np.array(transfer.host))  # (pinned memory is reused: a copy)
-                self._free.append(transfer)
-            if not in_flight:
-                self._start_copy()
+        seam, done = self.seam, []  # type: tuple[Any, list[np.ndarray]]
+        if seam.is_current_device(self.device):  # (the common poll: no device switch)
+            self._poll(done)
+        else:
+            with seam.device_context(self.device):
+                self._poll(done)
         return done
+
+    def _poll(self, done: list[np.ndarray]) -> None:
+        """`poll` on the ring's device (current): the landed snapshots appended to ``done``."""
+        seam, in_flight = self.seam, self._in_flight
+        self._not_capturing("ready")
+        while in_flight and seam.event_done(in_flight[0].copied):
+            transfer = in_flight.popleft()
+            done.append(np.array(transfer.host))  # (pinned memory is reused: a copy)
+            self._free.append(transfer)
+        if not in_flight:
+            self._start_copy()
 
     def _start_copy(self) -> None:
         seam = self.seam
