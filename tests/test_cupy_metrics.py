@@ -200,6 +200,39 @@ def test_record_and_ready_switch_devices_only_where_the_ring_is_not_current(dev,
     assert [row["lr"] for row in log.flush()] == [0.025]
 
 
+def test_a_log_of_one_column_records_through_its_decided_kernel(dev, monkeypatch):
+    """A log of one column (a leaf, a pending scalar, a number) is checked on its first record
+    of each kind and launched straight after: the same kernel, the same rows; a new kind
+    (another dtype) or a wrong name takes the checked path again (its kernel, its error)."""
+    checked: list[dict] = []
+    check = metrics.CudaRing._record_checked
+
+    def counted(ring: metrics.CudaRing, values: dict) -> None:
+        checked.append(values)
+        return check(ring, values)
+
+    monkeypatch.setattr(metrics.CudaRing, "_record_checked", counted)
+    s = gs.sum(dev.array(np.arange(1.0, 5.0)))
+    for pending, value in ((False, s), (True, s * 2.0), (False, 0.5)):
+        log = gs.MetricLog(capacity=8, like=dev.array(0.0))
+        checked.clear()
+        dev.clear()
+        log.record(v=value)
+        log.record(v=value)
+        assert len(checked) == 1 and dev.kinds()[-2:] == ["raw", "raw"]
+        assert dev.launches[-1].func is dev.launches[-2].func
+        if not pending:  # (the fake computes no pending value)
+            assert [row["v"] for row in log.flush()] == [float(value)] * 2
+    log = gs.MetricLog(capacity=8)
+    log.record(v=s)
+    checked.clear()
+    log.record(v=gs.sum(dev.array(np.arange(1.0, 5.0, dtype=np.float32))))  # a new kind
+    assert len(checked) == 1
+    with pytest.raises(ValueError, match="the columns are"):
+        log.record(w=s)
+    assert len(checked) == 2
+
+
 def test_record_kernels_compile_with_nvrtc_for_every_column_kind():
     cupy_or_fail()
     with fake_memory() as memory, recording(memory, compile=True) as seam:
