@@ -275,7 +275,8 @@ class Node(tuple):
     """One pending operation: the tuple ``(key, size, op, children)`` with named fields.
 
     A tuple subclass (not a dataclass) because recording a node is the hot path of every lazy
-    operation: building one is a single tuple construction. Build nodes only with `make_node`.
+    operation: building one is a single tuple construction. Build nodes only with `make_node`
+    (or its known-key lookup, written out where `make_node` says).
     """
 
     __slots__ = ()
@@ -317,6 +318,9 @@ def make_node(op: Op, children: tuple[Any, ...], keys: tuple[int, ...] | None = 
     given by callers that already know them (the generated operators read a leaf's or a
     constant's key from their loop tables): recording a node then costs one dict lookup (the
     op's own table of child keys) and one tuple. Left out, they are computed from the children.
+    The scalar operators' hot paths write that lookup out and call this on a miss
+    (`gpuscalar.operators._install_fast_operators` says why); a test
+    (``test_operators_make_the_nodes_make_node_makes``) keeps them making the same node.
     """
     if keys is None:
         keys = tuple(map(child_key, children))
