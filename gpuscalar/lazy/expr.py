@@ -385,8 +385,11 @@ def leaves_of(root: Node) -> list[Any]:
     size bound (`MAX_NODES`, so at most that deep) is walked recursively, the fastest way for a
     few nodes; a larger tree (built by hand) iteratively, at any depth. (Fields by index: this
     is on the path of every fold.)"""
-    if root[SIZE] <= MAX_NODES:
-        return _small_leaves(root)  # (written as a function of its own: it recurses)
+    size = root[SIZE]
+    if size == 1:  # one op: its children are the leaves
+        return list(root[CHILDREN])
+    if size <= MAX_NODES:
+        return _small_leaves(root, [])  # (written as a function of its own: it recurses)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
@@ -399,13 +402,15 @@ def leaves_of(root: Node) -> list[Any]:
     return leaves
 
 
-def _small_leaves(node: Node) -> list[Any]:
-    leaves: list[Any] = []
+def _small_leaves(node: Node, leaves: list[Any]) -> list[Any]:
+    """``node``'s leaves appended to ``leaves`` (a child of one op: its children, no call)."""
     for child in node[CHILDREN]:
-        if type(child) is Node:
-            leaves += _small_leaves(child)
-        else:
+        if type(child) is not Node:
             leaves.append(child)
+        elif child[SIZE] == 1:
+            leaves += child[CHILDREN]
+        else:
+            _small_leaves(child, leaves)
     return leaves
 
 
