@@ -481,8 +481,15 @@ class BoundedCache:
 
     def get(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
         """The value for ``key``; ``make(*args)`` builds it (once) when it is not cached."""
-        value = self.hit(key, _MISSING)
-        return self._miss(key, make, args) if value is _MISSING else value
+        data = self._data  # (`hit`, written out: this is every plan lookup)
+        value = data.get(key, _MISSING)
+        if value is _MISSING:
+            return self._miss(key, make, args)
+        try:
+            data.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile: the value is still right
+            pass
+        return value
 
     def hit(self, key: Any, default: Any = None) -> Any:
         """The value for ``key`` if cached (now the most recently used), else ``default``: for
@@ -524,9 +531,14 @@ class BoundedCache:
 
     def __getitem__(self, key: Any) -> Any:
         """The value for ``key`` (now the most recently used); KeyError if not cached."""
-        value = self.hit(key, _MISSING)
+        data = self._data  # (`hit`, written out, as in `get`)
+        value = data.get(key, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
+        try:
+            data.move_to_end(key)
+        except KeyError:
+            pass
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
