@@ -8,6 +8,7 @@ import math
 import numbers
 import operator
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -279,6 +280,44 @@ def test_math_helpers(xp, scalar_mode):
         gs.sqrt(s, s)
     with pytest.raises(TypeError, match="str"):
         gs.sqrt("9")
+
+
+def test_two_operand_helpers_keep_the_hot_path_they_find(xp):
+    """A two-operand helper keeps the hot path its general path finds for a scalar class
+    (first or second operand): every call after the first of each form gives what the first
+    gave (value, dtype, strength, the same node structure), arrays and numbers alone still
+    take the general path, and its errors are the general path's."""
+    from gpuscalar import math as gs_math  # noqa: PLC0415
+
+    s = gs.asscalar(4.0, like=xp.zeros(1))
+    t = gs.asscalar(np.float32(2.5), like=xp.zeros(1))
+    x = xp.asarray([1.0, 5.0], dtype=xp.float32)
+    calls: list[Any] = []
+    general = gs_math._apply_math
+
+    def counted(*operands: Any) -> Any:
+        calls.append(operands)
+        return general(*operands)
+
+    forms = [(s, 3.0), (3.0, s), (s, t), (t, s), (1, s), (s, True), (2.0, 5)]
+    for _ in range(3):
+        results = [gs.minimum(a, b) for a, b in forms] + [gs.maximum(a, b) for a, b in forms]
+        assert [float(r) for r in results] == [3.0, 3.0, 2.5, 2.5, 1.0, 1.0, 2.0,
+                                               4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 5.0]
+        assert [r.dtype for r in results[:6]] == [np.float64] * 6
+        with pytest.raises(TypeError, match="takes 2 operand"):
+            gs.minimum(s)
+        with pytest.raises(TypeError, match="str"):
+            gs.minimum(s, "1")
+        with pytest.raises(TypeError, match="str"):
+            gs.minimum("1", s)
+    import unittest.mock  # noqa: PLC0415
+
+    with unittest.mock.patch.object(gs_math, "_apply_math", counted):
+        assert float(gs.minimum(s, 3.0)) == 3.0 and float(gs.minimum(3.0, s)) == 3.0
+        assert calls == []  # the kept hot paths: no general path
+        assert gs.minimum(x, s).dtype == xp.float32 and gs.minimum(2.0, 5).item() == 2.0
+    assert len(calls) == 1  # numbers alone; (x, s) is the scalar's reflected hot path
 
 
 def test_asscalar_dtype_rules(xp):
