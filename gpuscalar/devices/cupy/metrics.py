@@ -288,7 +288,8 @@ class CudaRing:
     def poll(self) -> list[np.ndarray]:
         """The snapshots whose copy has landed (in order; queried, never waited for); then,
         when no copy is under way, the next snapshot is started."""
-        seam, done = self.seam, []  # type: tuple[Any, list[np.ndarray]]
+        seam = self.seam
+        done: list[np.ndarray] = []
         if seam.is_current_device(self.device):  # (the common poll: no device switch)
             self._poll(done)
         else:
