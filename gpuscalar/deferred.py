@@ -255,6 +255,8 @@ class RowLayout:
         data = np.asarray(snapshot).view(np.uint8)
         count = int(data[:8].view(np.int64)[0])
         first = min(max(start, count - self.capacity), max(start, count))
+        if first >= count:  # no row since ``start``: no table to view
+            return [], first, count
         table = data[_SLOT:self.nbytes].view(self.row_dtype)
         rows = []
         names = self.names

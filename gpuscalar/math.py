@@ -144,27 +144,51 @@ def _make_math_function(public_name: str, ufunc_name: str) -> Callable[..., Any]
                 return fast(x)
         return _apply_math(ufunc_name, x)
 
+    # real GPUScalar class -> this helper's hot path for its scalars, first (`firsts`) or
+    # second (`seconds`): what `two_general` finds, kept, so a call is one lookup
+    firsts: dict[type, Callable[..., Any]] = {}
+    seconds: dict[type, Callable[..., Any]] = {}
+
     def two(*operands: Any) -> Any:
         try:
             x, y = operands
         except ValueError:
             raise miscounted(operands) from None
+        fast = firsts.get(type(x))
+        if fast is not None:
+            result = fast(x, y)
+        else:
+            fast = seconds.get(type(y))
+            if fast is None or type(x) in fast_tables:
+                return two_general(x, y, operands)
+            result = fast(y, x)
+        if result is NotImplemented:
+            raise refused(operands)
+        return _apply_math(ufunc_name, x, y) if result is _MISSING else result
+
+    def two_general(x: Any, y: Any, operands: tuple[Any, ...]) -> Any:
         tables = fast_tables.get(type(x))  # a real GPUScalar on either side: its hot path
         if tables is not None:
             fast = tables[1].get(ufunc_name) or _fast_function(type(x), ufunc_name, 2, False)
+            if fast is not None:
+                firsts[type(x)] = fast
             result = _MISSING if fast is None else fast(x, y)
         else:
             tables = fast_tables.get(type(y))
             if tables is None:
                 return _apply_math(ufunc_name, x, y)
             fast = tables[2].get(ufunc_name) or _fast_function(type(y), ufunc_name, 2, True)
+            if fast is not None:
+                seconds[type(y)] = fast
             result = _MISSING if fast is None else fast(y, x)
         if result is NotImplemented:
-            labels = ", ".join(_operand_label(op) for op in operands)
-            raise TypeError(
-                f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}"
-            )
+            raise refused(operands)
         return _apply_math(ufunc_name, x, y) if result is _MISSING else result
+
+    def refused(operands: tuple[Any, ...]) -> TypeError:
+        labels = ", ".join(_operand_label(op) for op in operands)
+        return TypeError(
+            f"gpuscalar.{public_name}() takes GPUScalars, arrays or numbers, got {labels}")
 
     function = one if nin == 1 else two
     function.__name__ = function.__qualname__ = public_name

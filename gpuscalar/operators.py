@@ -22,7 +22,8 @@ import numpy as np
 from . import promote
 from .backend import Backend
 from .lazy import expr
-from .lazy.expr import KEY, SIZE, Node, make_node
+from .lazy.expr import CHILDREN, KEY, OP, SIZE, Node, make_node
+from .lazy.keytable import KEY_STRUCTURE as _KEY_STRUCTURE
 from .scalar import (
     _MISSING,
     _SCALAR_CLASSES,
@@ -161,6 +162,27 @@ def _constant(value: Any, dtype: np.dtype) -> Any:
         raise _out_of_range(value, dtype) from None
 
 
+#: How many Python numbers one loop of a hot operator keeps converted (`_converted`).
+CONSTANTS_PER_LOOP = 64
+
+
+def _converted(found: tuple[Any, ...], value: Any) -> Any:
+    """A Python number as a hot operator's kernel argument: ``value`` converted to the loop
+    type ``found[2]`` (`_constant`'s conversion and error), and kept in ``found[6]`` (a loop's
+    table of the numbers it met, bounded by `CONSTANTS_PER_LOOP`), so the next operation
+    with the same number looks it up (a NumPy scalar is immutable: nodes may share it). Not
+    kept: a float zero, whose two signs compare equal."""
+    loop_type = found[2]
+    try:
+        constant = loop_type(value)
+    except OverflowError:
+        raise _out_of_range(value, np.dtype(loop_type)) from None
+    constants = found[6]
+    if (value or type(value) is not float) and len(constants) < CONSTANTS_PER_LOOP:
+        constants[value] = constant
+    return constant
+
+
 def _out_of_range(value: Any, dtype: np.dtype) -> OverflowError:
     return OverflowError(
         f"the Python int {value} does not fit the {dtype} the device computes this operation "
@@ -270,12 +292,15 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     can only produce a real result of the same backend (weak, or strong for a NumPy ufunc or a
     strong class), so the result class is known without looking at dtypes. Everything else
     goes to the general paths. An operation is a dict lookup of its loop (per operand dtypes),
-    the conversion of a Python number, and one node; eager evaluates that node at once.
+    the conversion of a Python number (itself looked up: `_converted`), and one node; eager
+    evaluates that node at once.
 
     The pending results are made as `gpuscalar.scalar._pending` (the one constructor of pending
-    scalars) makes them, its body written out in each operator: the call would cost about 1,000
-    host instructions an operation (2% of a fold, ``bench/host_instructions.py``). A test
-    (``test_every_pending_scalar_is_made_by_the_one_constructor``) keeps the objects equal.
+    scalars) makes them, and their nodes as `expr.make_node` makes them when the structure key
+    is known (the lookup of the op's child keys), both bodies written out in each operator:
+    the calls would cost about 1,000 host instructions an operation (2% of a fold,
+    ``bench/host_instructions.py``). Tests (``test_every_pending_scalar_is_made_by_the_one_
+    constructor``, ``test_operators_make_the_nodes_make_node_makes``) keep the objects equal.
     """
     fast_class = cls
     strong = cls._is_strong
@@ -288,50 +313,26 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
     leaf_keys = expr.LEAF_KEYS
     max_nodes, keep_nodes = expr.MAX_NODES, expr.KEEP_NODES
     new = object.__new__
+    generic = np.generic
 
-    def make_record(reflected: bool, pair: bool, cls: type) -> Callable[..., Any]:
-        """The recorder of one binary operator's pending results (one node; two for divmod)."""
+    def make_pair(cls: type) -> Callable[..., Any]:
+        """The recorder of divmod's two pending results (same children and size)."""
 
-        def record(self: GPUScalar, op: Any, dtype: Any, other: Any, other_key: int,
-                   other_size: int, mine_key: int) -> Any:
-            """The pending result of ``op`` on this scalar (a leaf of key ``mine_key``, or its
-            node) and ``other`` (a node, leaf or constant of key ``other_key``); for divmod
-            (``op``, ``dtype``: pairs) two results with the same children.
-            The result's class is this one (a real operation of real operands)."""
-            node = self._node
-            if node is None:
-                mine, size = self._array, 1 + other_size
-            elif self._used and node[SIZE] > keep_nodes:  # used again: keep it (a leaf now)
-                mine, size = _materialize(self), 1 + other_size
-            else:
-                self._used = True
-                mine, mine_key, size = node, node[KEY], node[SIZE] + 1 + other_size
-            if reflected:
-                children, keys = (other, mine), (other_key, mine_key)
-            else:
-                children, keys = (mine, other), (mine_key, other_key)
-            if pair:  # (op, op2), (dtype, dtype2): the second result below
-                op, op2, dtype, dtype2 = op[0], op[1], dtype[0], dtype[1]
-            # `_pending(cls, node, dtype, device)` written out (see above); its size check is
-            # the first half of ``evaluate_now``
-            result: GPUScalar = new(cls)
-            result._array, result._used, result._host = None, False, _UNREAD
-            result._node, result._dtype, result._device = (
-                make_node(op, children, keys, size), dtype, self._device)
-            evaluate_now = size > max_nodes or not is_lazy()  # too large, or eager
-            if evaluate_now:
-                _materialize(result)
-            if pair:  # the second result (same children): `_pending` written out, as above
-                second: GPUScalar = new(cls)
-                second._array, second._used, second._host = None, False, _UNREAD
-                second._node, second._dtype, second._device = (
-                    make_node(op2, children, keys, size), dtype2, self._device)
-                if evaluate_now:
-                    _materialize(second)
-                return result, second
-            return result
+        def record_pair(ops: tuple[Any, Any], dtypes: tuple[Any, Any], children: tuple,
+                        keys: tuple, size: int, device: object) -> tuple[Any, Any]:
+            results = []
+            for op, dtype in zip(ops, dtypes, strict=True):
+                result: GPUScalar = new(cls)  # `_pending`, written out (see above)
+                result._array, result._used, result._host = None, False, _UNREAD
+                result._node, result._dtype, result._device = (
+                    make_node(op, children, keys, size), dtype, device)
+                results.append(result)
+            if size > max_nodes or not is_lazy():  # too large, or eager
+                for result in results:
+                    _materialize(result)
+            return results[0], results[1]
 
-        return record
+        return record_pair
 
     def make(name: str, reflected: bool, python_operator: bool, numpy_call: bool = False) -> Any:
         """One binary operation's hot path: Python's operator (``python_operator``: a bool
@@ -340,12 +341,13 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
         result of a strong class)."""
         result_class = cls._strong["f"] if numpy_call or strong else cls
         # own dtype -> other's dtype or Python type -> (op, result dtype, the other operand's
-        # loop type, the other's leaf or constant key, add, own leaf key); for two results
+        # loop type, the other's leaf or constant key, add, own leaf key, the Python numbers
+        # converted to the loop type so far, the loop type's integer range); for two results
         # (divmod), op and result dtype are pairs. Nested: no pair key to build and hash.
         loops: dict[np.dtype, dict[Any, tuple[Any, ...]]] = {}
         foldable = name in ("add", "subtract") and not reflected
         pair = getattr(np, name).nout == 2
-        record = make_record(reflected, pair, result_class)
+        record_pair = make_pair(result_class)
 
         def resolve(mine: np.dtype, other: Any) -> tuple[Any, ...]:
             is_scalar = isinstance(other, np.dtype)
@@ -361,12 +363,15 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             other_key = expr.leaf_key(other) if is_scalar else expr.const_key(other_loop)
             # x + c and x - c with a Python int in an integer loop are both recorded as one
             # add of a wrapped constant, so a counter's step + 1 + 1 ... stays one node
-            add = None
+            add = bounds = None
             if foldable and other is int and ops[0].dtype.kind in "iu":
                 add = expr.get_op("ufunc", "add", signature[:2], signature[2:])
+                limits = np.iinfo(other_loop)
+                bounds = (int(limits.min), int(limits.max))
             found: tuple[Any, ...] = (
                 (ops, signature[2:]) if pair else (ops[0], ops[0].dtype)
-            ) + (other_loop.type, other_key, add, leaf_keys[mine])
+            ) + (other_loop.type, other_key, add, leaf_keys[mine],
+                 None if is_scalar else {}, bounds)
             loops.setdefault(mine, {})[other] = found
             return found
 
@@ -375,52 +380,106 @@ def _install_fast_operators(cls: Any, backend: Backend) -> None:
             if kind is fast_class:
                 if multi_device and other._device != self._device:
                     return _binary(self, other, name, reflected)  # rule 5: the device error
-                mine, theirs = self._dtype, other._dtype
-                op, dtype, _, other_key, _, mine_key = (
-                    loops.get(mine, _NO_LOOPS).get(theirs) or resolve(mine, theirs))
-                if other._node is None:
-                    return record(self, op, dtype, other._array, other_key, 0, mine_key)
-                other_child = _child(other)
-                if type(other_child) is not Node:  # kept (materialized) now: a leaf
-                    return record(self, op, dtype, other_child, other_key, 0, mine_key)
-                return record(self, op, dtype, other_child, other_child[KEY],
-                              other_child[SIZE], mine_key)
-            if kind not in real_python_types:
+                mine = self._dtype
+                found = loops.get(mine, _NO_LOOPS).get(other._dtype) or resolve(mine,
+                                                                                  other._dtype)
+                op = found[0]
+                # the other operand's child, as `gpuscalar.scalar._child` gives it (written
+                # out): its array, its node, or (a larger node used again) its kept value
+                other_child = other._node
+                if other_child is None:
+                    other_child, other_key, size = other._array, found[3], 1
+                elif other._used and other_child[SIZE] > keep_nodes:
+                    other_child, other_key, size = _materialize(other), found[3], 1
+                else:
+                    other._used = True
+                    other_key, size = other_child[KEY], other_child[SIZE] + 1
+            elif kind in real_python_types:
+                mine = self._dtype
+                found = loops.get(mine, _NO_LOOPS).get(kind) or resolve(mine, kind)
+                other_child = found[6].get(other)
+                if other_child is None:
+                    other_child = _converted(found, other)
+                op, other_key, size = found[0], found[3], 1
+                if found[4] is not None:  # exact in integer (modular) arithmetic
+                    folded = fold(self, other, other_child, found)
+                    if folded is not None:
+                        return folded
+                    if op is not found[4]:  # x - c: recorded as x + (-c), wrapped
+                        op, other_child = found[4], _wrapped_int(-other, found[1])
+            else:
                 if kind not in python_types and kind not in _SCALAR_CLASSES:  # an array: a fold
                     operands = (other, self) if reflected else (self, other)
-                    found = array_call(name, operands, None)
-                    if found is not _MISSING:
-                        return found
+                    folded_array = array_call(name, operands, None)
+                    if folded_array is not _MISSING:
+                        return folded_array
                 if python_operator:
                     return _binary(self, other, name, reflected)
                 return apply_ufunc(
                     name, *((other, self) if reflected else (self, other)), numpy_call=numpy_call)
-            mine = self._dtype
-            op, dtype, loop_type, other_key, add, mine_key = (
-                loops.get(mine, _NO_LOOPS).get(kind) or resolve(mine, kind))
-            try:
-                constant = loop_type(other)
-            except OverflowError:
-                raise _out_of_range(other, np.dtype(loop_type)) from None
-            if add is not None:  # exact in integer (modular) arithmetic
-                    offset = other if op is add else -other
-                    # fold into an add whose right operand is a constant (never a device
-                    # leaf: reading one would be a hidden sync, and the key says "constant")
-                    node = self._node
-                    if node is not None and node.op is add \
-                            and isinstance(node.children[1], np.generic) \
-                            and not (self._used and node.size > keep_nodes):
-                        first, previous = node.children
-                        constant = _wrapped_int(offset + int(previous), dtype)
-                        self._used = True
-                        keys = (expr.child_key(first), other_key)
-                        result = _pending(result_class, make_node(add, (first, constant), keys,
-                                                                  node.size), dtype, self._device)
-                        if not is_lazy():
-                            _materialize(result)
-                        return result
-                    op, constant = add, _wrapped_int(offset, dtype)
-            return record(self, op, dtype, constant, other_key, 0, mine_key)
+            # this operand's child (`_child`, written out, as above)
+            node = self._node
+            if node is None:
+                mine_child, mine_key = self._array, found[5]
+            elif self._used and node[SIZE] > keep_nodes:  # used again: keep it (a leaf now)
+                mine_child, mine_key = _materialize(self), found[5]
+            else:
+                self._used = True
+                mine_child, mine_key, size = node, node[KEY], size + node[SIZE]
+            if reflected:
+                children, keys = (other_child, mine_child), (other_key, mine_key)
+            else:
+                children, keys = (mine_child, other_child), (mine_key, other_key)
+            if pair:
+                return record_pair(op, found[1], children, keys, size, self._device)
+            key = op.keys.get(keys)  # `make_node`, written out (see above), on a known key
+            result: GPUScalar = new(result_class)  # `_pending`, written out (see above)
+            result._array, result._used, result._host = None, False, _UNREAD
+            result._node = (Node((key, size, op, children)) if key is not None
+                            else make_node(op, children, keys, size))
+            result._dtype, result._device = found[1], self._device
+            if size > max_nodes or not is_lazy():  # too large, or eager
+                _materialize(result)
+            return result
+
+        def fold(self: GPUScalar, other: int, constant: Any, found: tuple[Any, ...]) -> Any:
+            """``self + other`` or ``self - other`` (``constant``: ``other`` in the loop type)
+            folded into ``self``'s own add of a constant, or None where ``self`` is not one
+            (the caller then records an add of the constant, negated and wrapped for ``-``).
+            Reached only through ``found[4]``, which `resolve` sets for these two only."""
+            op, dtype, loop_type, other_key, add = found[:5]
+            node = self._node
+            # fold into an add whose right operand is a constant (never a device leaf:
+            # reading one would be a hidden sync, and the key says "constant")
+            if node is None or node[OP] is not add or (self._used and node[SIZE] > keep_nodes):
+                return None
+            first, previous = node[CHILDREN]
+            if type(previous) is loop_type:
+                value = int(previous) + other if op is add else int(previous) - other
+                low, high = found[7]
+                if low <= value <= high:  # no wrap: the same value in the loop's arithmetic
+                    constant = previous + constant if op is add else previous - constant
+                else:
+                    constant = _wrapped_int(value, dtype)
+            elif isinstance(previous, generic):
+                constant = _wrapped_int((other if op is add else -other) + int(previous), dtype)
+            else:
+                return None
+            self._used = True
+            # the first child's key, as the node's structure records it (the node holds its
+            # key, so its structure stays in the table: `gpuscalar.lazy.keytable`)
+            keys = (_KEY_STRUCTURE[node[KEY]][1], other_key)
+            children = (first, constant)
+            size = node[SIZE]
+            key = add.keys.get(keys)  # `make_node` and `_pending`, written out (see above)
+            result: GPUScalar = new(result_class)
+            result._array, result._used, result._host = None, False, _UNREAD
+            result._node = (Node((key, size, add, children)) if key is not None
+                            else make_node(add, children, keys, size))
+            result._dtype, result._device = dtype, self._device
+            if size > max_nodes or not is_lazy():
+                _materialize(result)
+            return result
 
         return operator
 

@@ -171,6 +171,68 @@ def test_rows_overwritten_on_the_device_are_counted(dev):
     assert log.dropped == 3
 
 
+def test_record_and_ready_switch_devices_only_where_the_ring_is_not_current(dev, monkeypatch):
+    """A record or a poll on the current device (the common case) enters no device context;
+    where the ring's device is not the current one (forced here: the fake memory has one
+    device) both enter it, with the same launches and the same rows."""
+    entered: list[object] = []
+    enter = type(dev).device_context
+
+    def counted(seam: RecordingSeam, device: object) -> object:
+        entered.append(device)
+        return enter(seam, device)
+
+    monkeypatch.setattr(type(dev), "device_context", counted)
+    s = gs.sum(dev.array(np.arange(1.0, 5.0)))
+    log = gs.MetricLog(capacity=8)
+    log.record(loss=s, lr=0.1)  # the first: the ring made and the kernel built, checked
+    entered.clear()
+    dev.clear()
+    log.record(loss=s, lr=0.05)
+    assert log.ready() == []  # starts the copy home
+    assert entered == [] and dev.kinds() == ["raw"]
+    monkeypatch.setattr(type(dev), "is_current_device", lambda seam, device: False)
+    log.record(loss=s, lr=0.025)
+    rows = log.ready()
+    assert entered == [0, 0] and dev.kinds() == ["raw", "raw"]
+    assert dev.launches[0].func is dev.launches[1].func
+    assert [row["lr"] for row in rows] == [0.1, 0.05] and rows[0]["loss"] == 10.0
+    assert [row["lr"] for row in log.flush()] == [0.025]
+
+
+def test_a_log_of_one_column_records_through_its_decided_kernel(dev, monkeypatch):
+    """A log of one column (a leaf, a pending scalar, a number) is checked on its first record
+    of each kind and launched straight after: the same kernel, the same rows; a new kind
+    (another dtype) or a wrong name takes the checked path again (its kernel, its error)."""
+    checked: list[dict] = []
+    check = metrics.CudaRing._record_checked
+
+    def counted(ring: metrics.CudaRing, values: dict) -> None:
+        checked.append(values)
+        return check(ring, values)
+
+    monkeypatch.setattr(metrics.CudaRing, "_record_checked", counted)
+    s = gs.sum(dev.array(np.arange(1.0, 5.0)))
+    for pending, value in ((False, s), (True, s * 2.0), (False, 0.5)):
+        log = gs.MetricLog(capacity=8, like=dev.array(0.0))
+        checked.clear()
+        dev.clear()
+        log.record(v=value)
+        log.record(v=value)
+        assert len(checked) == 1 and dev.kinds()[-2:] == ["raw", "raw"]
+        assert dev.launches[-1].func is dev.launches[-2].func
+        if not pending:  # (the fake computes no pending value)
+            assert [row["v"] for row in log.flush()] == [float(value)] * 2
+    log = gs.MetricLog(capacity=8)
+    log.record(v=s)
+    checked.clear()
+    log.record(v=gs.sum(dev.array(np.arange(1.0, 5.0, dtype=np.float32))))  # a new kind
+    assert len(checked) == 1
+    with pytest.raises(ValueError, match="the columns are"):
+        log.record(w=s)
+    assert len(checked) == 2
+
+
 def test_record_kernels_compile_with_nvrtc_for_every_column_kind():
     cupy_or_fail()
     with fake_memory() as memory, recording(memory, compile=True) as seam:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tracemalloc
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,6 +86,47 @@ def test_a_counter_plus_one_stays_one_node():
     assert step._node[1] == 1 and int(step) == 10_000
     down = gs.asscalar(np.uint8(5)) - 7 - 1  # int(s) - 7 - 1: an int64, no uint8 wrap
     assert down.dtype == np.int64 and down._node[1] == 1 and int(down) == 5 - 7 - 1
+
+
+def test_a_folded_counter_wraps_as_its_device_integer():
+    """The folded constant is summed in the loop's integer type: exactly (NumPy's arithmetic
+    on the previous constant) where the sum fits, wrapped (two's complement) where it does
+    not, with no warning either way, and the value is the eager one."""
+    near_max = gs.asscalar(5, dtype=np.int64)
+    small = gs.asscalar(np.int8(120)) + np.int8(0)  # a strong int8: an int8 loop
+    recipes = [lambda: near_max + (2**63 - 1) + 1, lambda: near_max - 1 - (2**63 - 1) - 1,
+               lambda: small + 5 + 5 - 1, lambda: small + 100 + 100, lambda: small - 100 - 100]
+    for recipe in recipes:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            folded = recipe()
+        assert folded._node.size == 1
+        with gs.lazy(False):
+            expected = recipe()
+        assert folded.dtype == expected.dtype and int(folded) == int(expected)
+
+
+def test_leaves_come_in_postorder_for_every_shape():
+    """`leaves_of` (a size-one node's children at once, small trees recursively, large ones
+    iteratively) gives the leaves `postorder` meets, in its order, for chains, wide trees,
+    nodes of one op anywhere and trees past the size bound."""
+    op = expr.get_op("ufunc", "add", (np.dtype(float),) * 2, (np.dtype(float),))
+    rng = np.random.default_rng(0)
+    leaf = np.asarray(0.5)
+
+    def tree(ops: int) -> Any:
+        if ops == 0:
+            return leaf if rng.random() < 0.5 else np.float64(rng.random())
+        left = int(rng.integers(0, ops))
+        return expr.make_node(op, (tree(left), tree(ops - 1 - left)))
+
+    for ops in [*range(1, 12), expr.MAX_NODES, expr.MAX_NODES + 1, 3 * expr.MAX_NODES]:
+        for _ in range(20):
+            root = tree(ops)
+            expected = [item for item, is_node in expr.postorder(root) if not is_node]
+            found = expr.leaves_of(root)
+            assert len(found) == len(expected) == ops + 1
+            assert all(a is b for a, b in zip(found, expected, strict=True))
 
 
 def test_walks_are_iterative():

@@ -8,6 +8,7 @@ import math
 import numbers
 import operator
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -279,6 +280,44 @@ def test_math_helpers(xp, scalar_mode):
         gs.sqrt(s, s)
     with pytest.raises(TypeError, match="str"):
         gs.sqrt("9")
+
+
+def test_two_operand_helpers_keep_the_hot_path_they_find(xp):
+    """A two-operand helper keeps the hot path its general path finds for a scalar class
+    (first or second operand): every call after the first of each form gives what the first
+    gave (value, dtype, strength, the same node structure), arrays and numbers alone still
+    take the general path, and its errors are the general path's."""
+    from gpuscalar import math as gs_math  # noqa: PLC0415
+
+    s = gs.asscalar(4.0, like=xp.zeros(1))
+    t = gs.asscalar(np.float32(2.5), like=xp.zeros(1))
+    x = xp.asarray([1.0, 5.0], dtype=xp.float32)
+    calls: list[Any] = []
+    general = gs_math._apply_math
+
+    def counted(*operands: Any) -> Any:
+        calls.append(operands)
+        return general(*operands)
+
+    forms = [(s, 3.0), (3.0, s), (s, t), (t, s), (1, s), (s, True), (2.0, 5)]
+    for _ in range(3):
+        results = [gs.minimum(a, b) for a, b in forms] + [gs.maximum(a, b) for a, b in forms]
+        assert [float(r) for r in results] == [3.0, 3.0, 2.5, 2.5, 1.0, 1.0, 2.0,
+                                               4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 5.0]
+        assert [r.dtype for r in results[:6]] == [np.float64] * 6
+        with pytest.raises(TypeError, match="takes 2 operand"):
+            gs.minimum(s)
+        with pytest.raises(TypeError, match="str"):
+            gs.minimum(s, "1")
+        with pytest.raises(TypeError, match="str"):
+            gs.minimum("1", s)
+    import unittest.mock  # noqa: PLC0415
+
+    with unittest.mock.patch.object(gs_math, "_apply_math", counted):
+        assert float(gs.minimum(s, 3.0)) == 3.0 and float(gs.minimum(3.0, s)) == 3.0
+        assert calls == []  # the kept hot paths: no general path
+        assert gs.minimum(x, s).dtype == xp.float32 and gs.minimum(2.0, 5).item() == 2.0
+    assert len(calls) == 1  # numbers alone; (x, s) is the scalar's reflected hot path
 
 
 def test_asscalar_dtype_rules(xp):
@@ -688,3 +727,45 @@ def test_every_pending_scalar_is_made_by_the_one_constructor(xp):
         assert type(again) is type(result)
         for slot in gs.GPUScalar.__slots__:
             assert getattr(again, slot) is getattr(result, slot), slot
+
+
+def test_operators_make_the_nodes_make_node_makes(xp):
+    """The operators' hot paths write `expr.make_node` out on a known key: each node they make
+    (binary, reflected, divmod's pair, the folded add, a node of nodes, a subtraction recorded
+    as an add) is the node `make_node` makes from the same op and children (key, size)."""
+    from gpuscalar.lazy import expr  # noqa: PLC0415
+
+    s = gs.asscalar(1.5, like=xp.zeros(1))
+    t = gs.asscalar(2.0, like=xp.zeros(1))
+    n = gs.asscalar(3, like=xp.zeros(1))
+    with gs.lazy(True):
+        made = [s * 2.0, 2.0 * s, s * t, *divmod(s, t), (s + t) * (s - t), n + 1, n - 1,
+                (n + 1) + 1, (n - 1) - 1, (n * 2) - 3, gs.minimum(s, 1.0), gs.minimum(1.0, s),
+                0.1 * gs.minimum(1.0, n / 10)]
+    for result in made:
+        node = result._node
+        again = expr.make_node(node.op, node.children)
+        assert (again.key, again.size, again.op) == (node.key, node.size, node.op)
+        assert all(a is b for a, b in zip(again.children, node.children, strict=True))
+
+
+def test_operators_convert_each_python_number_once_per_loop(xp):
+    """A Python number's conversion to a loop's type is kept (a NumPy scalar is immutable:
+    nodes share it), bounded per loop; a float zero is converted each time (its two signs
+    compare equal), and a number out of the loop's range raises each time."""
+    from gpuscalar import operators  # noqa: PLC0415
+
+    s = gs.asscalar(1.5, like=xp.zeros(1))
+    n = gs.asscalar(3, like=xp.zeros(1))
+    with gs.lazy(True):
+        assert (s * 2.0)._node.children[1] is (s * 2.0)._node.children[1]
+        assert (n * 7)._node.children[1] is (n * 7)._node.children[1]
+        signs = [math.copysign(1.0, (s * zero)._node.children[1]) for zero in (0.0, -0.0, 0.0)]
+        assert signs == [1.0, -1.0, 1.0]
+        for value in range(3 * operators.CONSTANTS_PER_LOOP):
+            assert float((s * float(value))._node.children[1]) == float(value)
+        for _ in range(2):
+            with pytest.raises(OverflowError, match="does not fit the int64"):
+                n * 2**70
+    with gs.lazy(False):
+        assert float(s * 2.0) == 3.0 and float(s * -0.0) == -0.0

@@ -275,7 +275,8 @@ class Node(tuple):
     """One pending operation: the tuple ``(key, size, op, children)`` with named fields.
 
     A tuple subclass (not a dataclass) because recording a node is the hot path of every lazy
-    operation: building one is a single tuple construction. Build nodes only with `make_node`.
+    operation: building one is a single tuple construction. Build nodes only with `make_node`
+    (or its known-key lookup, written out where `make_node` says).
     """
 
     __slots__ = ()
@@ -317,6 +318,9 @@ def make_node(op: Op, children: tuple[Any, ...], keys: tuple[int, ...] | None = 
     given by callers that already know them (the generated operators read a leaf's or a
     constant's key from their loop tables): recording a node then costs one dict lookup (the
     op's own table of child keys) and one tuple. Left out, they are computed from the children.
+    The scalar operators' hot paths write that lookup out and call this on a miss
+    (`gpuscalar.operators._install_fast_operators` says why); a test
+    (``test_operators_make_the_nodes_make_node_makes``) keeps them making the same node.
     """
     if keys is None:
         keys = tuple(map(child_key, children))
@@ -377,15 +381,21 @@ def postorder(root: Node) -> Iterator[tuple[Any, bool]]:
 
 def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
-    as `postorder` meets them). Called for every evaluation and fold: a tree of up to
-    `READER_NODES` nodes is read by its structure's generated reader (`leaf_reader`: one
-    subscript per leaf, no walk); a larger one walked iteratively, at any depth. (Fields by
-    index: this is on the path of every fold.)"""
+    as `postorder` meets them). Called for every evaluation and fold: one op's are its
+    children; a tree of up to `READER_NODES` nodes is read by its structure's generated reader
+    (`leaf_reader`: one subscript per leaf, no walk); one within the size bound (`MAX_NODES`, so
+    at most that deep) is walked recursively; a larger tree (built by hand) iteratively, at any
+    depth. (Fields by index: this is on the path of every fold.)"""
+    size = root[SIZE]
+    if size == 1:  # one op: its children are the leaves
+        return list(root[CHILDREN])
     reader = _LEAF_READERS.get(root[KEY])
     if reader is not None:
         return reader(root)
-    if root[SIZE] <= READER_NODES:
+    if size <= READER_NODES:
         return leaf_reader(root)(root)
+    if size <= MAX_NODES:
+        return _small_leaves(root, [])  # (written as a function of its own: it recurses)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
@@ -449,6 +459,18 @@ def _leaf_paths(root: Node) -> list[str]:
 def _generated_reader(parameters: str, items: list[str]) -> Any:
     """``lambda <parameters>: [<items>]``: only names and integer subscripts enter the text."""
     return eval(f"lambda {parameters}: [{', '.join(items)}]")  # noqa: S307
+
+
+def _small_leaves(node: Node, leaves: list[Any]) -> list[Any]:
+    """``node``'s leaves appended to ``leaves`` (a child of one op: its children, no call)."""
+    for child in node[CHILDREN]:
+        if type(child) is not Node:
+            leaves.append(child)
+        elif child[SIZE] == 1:
+            leaves += child[CHILDREN]
+        else:
+            _small_leaves(child, leaves)
+    return leaves
 
 
 class Plan:
@@ -518,8 +540,15 @@ class BoundedCache:
 
     def get(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
         """The value for ``key``; ``make(*args)`` builds it (once) when it is not cached."""
-        value = self.hit(key, _MISSING)
-        return self._miss(key, make, args) if value is _MISSING else value
+        data = self._data  # (`hit`, written out: this is every plan lookup)
+        value = data.get(key, _MISSING)
+        if value is _MISSING:
+            return self._miss(key, make, args)
+        try:
+            data.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile: the value is still right
+            pass
+        return value
 
     def hit(self, key: Any, default: Any = None) -> Any:
         """The value for ``key`` if cached (now the most recently used), else ``default``: for
@@ -561,9 +590,14 @@ class BoundedCache:
 
     def __getitem__(self, key: Any) -> Any:
         """The value for ``key`` (now the most recently used); KeyError if not cached."""
-        value = self.hit(key, _MISSING)
+        data = self._data  # (`hit`, written out, as in `get`)
+        value = data.get(key, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
+        try:
+            data.move_to_end(key)
+        except KeyError:
+            pass
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:

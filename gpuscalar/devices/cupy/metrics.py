@@ -169,6 +169,10 @@ class CudaRing:
             for name, dtype in zip(layout.names, layout.dtypes, strict=True))
         self._scalar_types: set[type] = set()
         self._plans: dict[tuple, Any] = {}  # column kinds -> kernel (None: unfused)
+        #: a log of one column (the common one): that column, and its kind -> kernel (the
+        #: same kernels as `_plans`, with no tuple to build and hash per record)
+        self._single = self._columns[0] if len(self._columns) == 1 else None
+        self._single_plans: dict[Any, Any] = {}
         self._staging: Any = None
         self._side: Any = None
         self._in_flight: collections.deque[_Transfer] = collections.deque()
@@ -179,20 +183,53 @@ class CudaRing:
 
     def record(self, values: dict[str, Any]) -> None:
         """The hot path: Python numbers of accepted types, CuPy GPUScalars on the ring's
-        device; anything else (a first sight, an array, an error) takes `_record_checked`."""
-        if len(values) != len(self._columns):
+        device; anything else (a first sight, an array, an error) takes `_record_checked`.
+        A log of one column (the common one) is decided here, others by `_decided`."""
+        single = self._single
+        if single is None:
+            kernel, args = self._decided(values)
+        elif len(values) == 1 and single[0] in values:
+            value = values[single[0]]
+            kind = type(value)
+            if kind in self._scalar_types and value._device == self.device:
+                node = value._node
+                if node is None:
+                    kernel = self._single_plans.get(value._dtype)
+                    args = (self.state, self._capacity, value._array)
+                else:
+                    kernel = self._single_plans.get(node[KEY])
+                    args = (self.state, self._capacity, *expr.leaves_of(node))
+            elif kind in single[1]:
+                kernel = self._single_plans.get(_VALUE)
+                args = (self.state, self._capacity, single[2](value))
+            else:
+                kernel = None
+        else:
+            kernel = None
+        if kernel is None:
             return self._record_checked(values)
+        seam, device = self.seam, self.device
+        if seam.is_current_device(device):  # (the common record: no device switch to make)
+            CUPY.call(kernel, _GRID, _BLOCK, args)
+        else:
+            with seam.device_context(device):
+                CUPY.call(kernel, _GRID, _BLOCK, args)
+        return None
+
+    def _decided(self, values: dict[str, Any]) -> tuple[Any, Any]:
+        """`record`'s decision for a log of several columns: (its kernel, the launch's
+        arguments), or (None, None) where `_record_checked` decides."""
+        columns = self._columns
+        if len(values) != len(columns):
+            return None, None
         parts: list[Any] = []
         args: list[Any] = [self.state, self._capacity]
         scalars, device = self._scalar_types, self.device
         try:
-            for name, numbers, convert in self._columns:
+            for name, numbers, convert in columns:
                 value = values[name]
                 kind = type(value)
-                if kind in numbers:
-                    parts.append(_VALUE)
-                    args.append(convert(value))
-                elif kind in scalars and value._device == device:
+                if kind in scalars and value._device == device:
                     node = value._node
                     if node is None:
                         parts.append(value._dtype)
@@ -200,16 +237,14 @@ class CudaRing:
                     else:
                         parts.append(node[KEY])
                         args += expr.leaves_of(node)
+                elif kind in numbers:
+                    parts.append(_VALUE)
+                    args.append(convert(value))
                 else:
-                    return self._record_checked(values)
+                    return None, None
         except KeyError:
-            return self._record_checked(values)
-        kernel = self._plans.get(tuple(parts))
-        if kernel is None:
-            return self._record_checked(values)
-        with self.seam.device_context(device):
-            CUPY.call(kernel, _GRID, _BLOCK, tuple(args))
-        return None
+            return None, None
+        return self._plans.get(tuple(parts)), tuple(args)
 
     def _record_checked(self, values: dict[str, Any]) -> None:
         """Every value checked (`RowLayout.items`), the kernel built for its kinds (and the
@@ -243,6 +278,8 @@ class CudaRing:
         kernel = self._plans.get(key)
         if kernel is None:
             kernel = self._plans[key] = _compiled(*record_source(columns, self.layout.dtypes))
+        if self._single is not None:
+            self._single_plans[key[0]] = kernel
         with self.seam.device_context(self.device):
             CUPY.call(kernel, _GRID, _BLOCK, tuple(args))
 
@@ -251,17 +288,25 @@ class CudaRing:
     def poll(self) -> list[np.ndarray]:
         """The snapshots whose copy has landed (in order; queried, never waited for); then,
         when no copy is under way, the next snapshot is started."""
-        seam, done = self.seam, []
-        in_flight = self._in_flight
-        with seam.device_context(self.device):
-            self._not_capturing("ready")
-            while in_flight and seam.event_done(in_flight[0].copied):
-                transfer = in_flight.popleft()
-                done.append(np.array(transfer.host))  # (pinned memory is reused: a copy)
-                self._free.append(transfer)
-            if not in_flight:
-                self._start_copy()
+        seam = self.seam
+        done: list[np.ndarray] = []
+        if seam.is_current_device(self.device):  # (the common poll: no device switch)
+            self._poll(done)
+        else:
+            with seam.device_context(self.device):
+                self._poll(done)
         return done
+
+    def _poll(self, done: list[np.ndarray]) -> None:
+        """`poll` on the ring's device (current): the landed snapshots appended to ``done``."""
+        seam, in_flight = self.seam, self._in_flight
+        self._not_capturing("ready")
+        while in_flight and seam.event_done(in_flight[0].copied):
+            transfer = in_flight.popleft()
+            done.append(np.array(transfer.host))  # (pinned memory is reused: a copy)
+            self._free.append(transfer)
+        if not in_flight:
+            self._start_copy()
 
     def _start_copy(self) -> None:
         seam = self.seam
