@@ -39,7 +39,7 @@ import numpy as np
 from . import ledger, sync
 from .backend import Backend
 from .devices import backend_of, default_backend
-from .known import UNREAD, python_value, remember, value_of
+from .known import UNREAD, python_value, remember, unread_positions, value_of
 from .lazy import expr, fusion
 from .reads import known_result
 from .scalar import GPUScalar
@@ -148,16 +148,6 @@ def _number_dtype_checked(value: Any, index: int) -> Any:
     return value
 
 
-def _unknown_leaves(leaves: list[Any]) -> tuple[int, ...]:
-    """Positions of the device leaves whose value the host does not know (each once)."""
-    found: dict[int, int] = {}
-    for position, leaf in enumerate(leaves):
-        if not isinstance(leaf, np.generic) and id(leaf) not in found and (
-                value_of(leaf) is UNREAD):
-            found[id(leaf)] = position
-    return tuple(found.values())
-
-
 def _read_entries(backend: Backend, device: object, entries: list[Any],
                   waiting: list[list[tuple[int, GPUScalar | None]]], results: list[Any]) -> None:
     """One transfer for every entry (and the unknown leaves of the pending ones)."""
@@ -167,7 +157,7 @@ def _read_entries(backend: Backend, device: object, entries: list[Any],
     for item in entries:
         if type(item) is expr.Node:
             leaves = expr.leaves_of(item)
-            extras = _unknown_leaves(leaves)
+            extras = tuple(unread_positions(leaves))
             packed_entries.append((item, extras))
             dtypes.append(item.op.dtype)
             extra_leaves += [leaves[i] for i in extras]

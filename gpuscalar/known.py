@@ -27,7 +27,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-__all__ = ["UNREAD", "remember", "value_of", "mark_live", "python_value", "forget_all",
+import numpy as np
+
+__all__ = ["UNREAD", "remember", "value_of", "unread_positions", "mark_live", "python_value",
+           "forget_all",
            "size", "expect", "arrive", "INCOMING"]
 
 
@@ -96,6 +99,26 @@ def value_of(array: Any) -> Any:
     if entry is None or entry[0]() is not array:
         return UNREAD
     return entry[1]
+
+
+def unread_positions(leaves: list[Any]) -> list[int]:
+    """The positions in ``leaves`` (an expression's leaves and constants) of the device leaves
+    whose value is not registered, each array once: what a read must bring back. (`value_of`
+    written out: this runs for every leaf of every pending read.)"""
+    found: list[int] = []
+    seen: set[int] = set()
+    get, generic = _KNOWN.get, np.generic
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, generic):  # a constant: in the expression itself
+            continue
+        key = id(leaf)
+        if key in seen:
+            continue
+        seen.add(key)
+        entry = get(key)
+        if entry is None or entry[0]() is not leaf:
+            found.append(position)
+    return found
 
 
 #: id(array) -> (a weak reference to a host array something is still writing, the function

@@ -16,23 +16,10 @@ from typing import Any
 import numpy as np
 
 from . import ledger, sync
-from .known import UNREAD, python_value, remember, value_of
+from .known import UNREAD, python_value, remember, unread_positions, value_of
 from .lazy import expr, fusion
 
 __all__ = ["read_pending", "known_result"]
-
-
-def _unknown_leaves(leaves: list[Any]) -> list[int]:
-    """The positions of the device leaves whose value the host does not know (each once)."""
-    unknown: list[int] = []
-    seen: set[int] = set()
-    for index, leaf in enumerate(leaves):
-        if isinstance(leaf, np.generic) or id(leaf) in seen:
-            continue
-        seen.add(id(leaf))
-        if value_of(leaf) is UNREAD:
-            unknown.append(index)
-    return unknown
 
 
 def _on_host(node: expr.Node, leaves: list[Any]) -> Any:
@@ -46,7 +33,7 @@ def known_result(node: expr.Node) -> Any:
     """The host value of ``node`` if every leaf's value is known (computed on the host, no
     sync), else `UNREAD`: a scalar materialized from known values is known too."""
     leaves = expr.leaves_of(node)
-    return UNREAD if _unknown_leaves(leaves) else _on_host(node, leaves)
+    return UNREAD if unread_positions(leaves) else _on_host(node, leaves)
 
 
 def read_pending(scalar: Any, reason: str) -> Any:
@@ -62,7 +49,7 @@ def read_pending(scalar: Any, reason: str) -> Any:
     if node is None:  # materialized meanwhile by another thread
         return scalar._host_value(reason)
     leaves = expr.leaves_of(node)
-    unknown = _unknown_leaves(leaves)
+    unknown = unread_positions(leaves)
     if not unknown:
         return _on_host(node, leaves)
     extras = tuple(unknown)

@@ -409,7 +409,7 @@ def leaves_of(root: Node) -> list[Any]:
 
 
 #: The largest tree (in nodes) whose structure gets a generated leaf reader (`leaf_reader`).
-READER_NODES = 16
+READER_NODES = MAX_NODES
 #: structure key -> its leaf reader; bounded by `cache_size` (emptied when full, and at each
 #: sweep of the key table: a reader is made again from any tree of its structure, the same)
 _LEAF_READERS: dict[int, Callable[[Node], list[Any]]] = {}
@@ -418,13 +418,14 @@ keytable.FORGOTTEN_AT_SWEEP.append(_LEAF_READERS)
 
 def leaf_reader(root: Node) -> Callable[[Node], list[Any]]:
     """A function giving `leaves_of` of every tree of ``root``'s structure: the list of its
-    leaves and constants as subscripts of the node (``lambda n: [n[3][0][3][0], n[3][1]]``).
+    leaves and constants read by subscripts, each node's children bound once
+    (``t0 = n[3]; t1 = t0[0][3]; return [t1[0], t1[1], t0[1]]``).
 
     Why generated: a fold or evaluation of a small tree reads its leaves on every call, and a
     walk costs a Python call per node; a structure fixes which children are nodes and which
     are leaves (the key of a leaf kind is never a node's), so the subscripts are the same for
     every tree of one key."""
-    reader: Callable[[Node], list[Any]] = _generated_reader("n", _leaf_paths(root))
+    reader: Callable[[Node], list[Any]] = _generated_reader("n", *_leaf_reads(root))
     if len(_LEAF_READERS) >= _cache_size:
         _LEAF_READERS.clear()
     _LEAF_READERS[root[KEY]] = reader
@@ -437,28 +438,39 @@ def argument_reader(root: Node, count: int, position: int
     ``count`` operands with the one at ``position`` (a pending scalar whose node is the tree)
     replaced by the tree's leaves, in order (a fold's kernel arguments, `leaf_reader`'s
     subscripts spliced in; the caller caches it with its plan)."""
-    items = [f"o[{i}]" for i in range(position)] + _leaf_paths(root) + [
+    statements, leaves = _leaf_reads(root)
+    items = [f"o[{i}]" for i in range(position)] + leaves + [
         f"o[{i}]" for i in range(position + 1, count)]
-    return _generated_reader("o, n", items)
+    return _generated_reader("o, n", statements, items)
 
 
-def _leaf_paths(root: Node) -> list[str]:
-    """Each leaf of ``root`` as a subscript of ``n`` (left to right, as `postorder` meets them)."""
-    paths: list[str] = []
-    stack: list[tuple[Any, str]] = [(root, "n")]
-    while stack:  # depth first, left to right (children pushed last first)
-        item, path = stack.pop()
-        if type(item) is Node:
-            stack += [(child, f"{path}[{CHILDREN}][{i}]")
-                      for i, child in reversed(list(enumerate(item[CHILDREN])))]
-        else:
-            paths.append(path)
-    return paths
+def _leaf_reads(root: Node) -> tuple[list[str], list[str]]:
+    """Statements binding each node's children of ``root`` (a tree named ``n``) to a local,
+    and each leaf as a subscript of one (left to right, as `postorder` meets them)."""
+    statements: list[str] = []
+    leaves: list[str] = []
+
+    def visit(node: Node, path: str) -> None:
+        local = f"t{len(statements)}"
+        statements.append(f"{local} = {path}[{CHILDREN}]")
+        for i, child in enumerate(node[CHILDREN]):
+            if type(child) is Node:
+                visit(child, f"{local}[{i}]")
+            else:
+                leaves.append(f"{local}[{i}]")
+
+    visit(root, "n")  # (recursive: a reader is made for trees within `MAX_NODES`)
+    return statements, leaves
 
 
-def _generated_reader(parameters: str, items: list[str]) -> Any:
-    """``lambda <parameters>: [<items>]``: only names and integer subscripts enter the text."""
-    return eval(f"lambda {parameters}: [{', '.join(items)}]")  # noqa: S307
+def _generated_reader(parameters: str, statements: list[str], items: list[str]) -> Any:
+    """``def reader(<parameters>): <statements>; return [<items>]``: only names and integer
+    subscripts enter the text."""
+    lines = [f"def reader({parameters}):", *(f"    {line}" for line in statements),
+             f"    return [{', '.join(items)}]"]
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # noqa: S102
+    return namespace["reader"]
 
 
 def _small_leaves(node: Node, leaves: list[Any]) -> list[Any]:
