@@ -50,12 +50,12 @@ _next_key = itertools.count()
 #: same (`expr`'s leaf readers).
 FORGOTTEN_AT_SWEEP: list[dict[int, Any]] = []
 #: The table is swept when it reaches this many keys; then at twice what a sweep leaves.
-_floor = 2 * 1024  # (`expr.set_cache_size` sets it: twice the bound of its caches)
+_floor = 2 * 1024  # (`caches.set_cache_size` sets it: twice the bound of its caches)
 _sweep_at = _floor
 
 
 def bound_keys(floor: int) -> None:
-    """Never sweep a table of fewer than ``floor`` keys (set from `expr.set_cache_size`)."""
+    """Never sweep a table of fewer than ``floor`` keys (set from `caches.set_cache_size`)."""
     global _floor, _sweep_at
     with TABLE_LOCK:
         _floor = floor
