@@ -171,14 +171,16 @@ def _converted(found: tuple[Any, ...], value: Any) -> Any:
     type ``found[2]`` (`_constant`'s conversion and error), and kept in ``found[6]`` (a loop's
     table of the numbers it met, bounded by `CONSTANTS_PER_LOOP`), so the next operation
     with the same number looks it up (a NumPy scalar is immutable: nodes may share it). Not
-    kept: a float zero, whose two signs compare equal."""
+    kept: a float or complex zero, whose signs compare equal (``-0.0 == 0.0``, ``complex(-0.0,
+    -0.0) == 0j``)."""
     loop_type = found[2]
     try:
         constant = loop_type(value)
     except OverflowError:
         raise _out_of_range(value, np.dtype(loop_type)) from None
     constants = found[6]
-    if (value or type(value) is not float) and len(constants) < CONSTANTS_PER_LOOP:
+    if (value or type(value) is int or type(value) is bool) and (
+            len(constants) < CONSTANTS_PER_LOOP):
         constants[value] = constant
     return constant
 

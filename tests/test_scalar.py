@@ -751,8 +751,8 @@ def test_operators_make_the_nodes_make_node_makes(xp):
 
 def test_operators_convert_each_python_number_once_per_loop(xp):
     """A Python number's conversion to a loop's type is kept (a NumPy scalar is immutable:
-    nodes share it), bounded per loop; a float zero is converted each time (its two signs
-    compare equal), and a number out of the loop's range raises each time."""
+    nodes share it), bounded per loop; a float or complex zero is converted each time (its
+    signs compare equal), and a number out of the loop's range raises each time."""
     from gpuscalar import operators  # noqa: PLC0415
 
     s = gs.asscalar(1.5, like=xp.zeros(1))
@@ -762,6 +762,11 @@ def test_operators_convert_each_python_number_once_per_loop(xp):
         assert (n * 7)._node.children[1] is (n * 7)._node.children[1]
         signs = [math.copysign(1.0, (s * zero)._node.children[1]) for zero in (0.0, -0.0, 0.0)]
         assert signs == [1.0, -1.0, 1.0]
+        c = gs.asscalar(1.5 + 0.5j, like=xp.zeros(1))
+        for zero in (0j, complex(-0.0, -0.0), 0j, complex(0.0, -0.0)):  # complex zeros too
+            kept = (c + zero)._node.children[1]
+            assert (math.copysign(1.0, kept.real), math.copysign(1.0, kept.imag)) == (
+                math.copysign(1.0, zero.real), math.copysign(1.0, zero.imag))
         for value in range(3 * operators.CONSTANTS_PER_LOOP):
             assert float((s * float(value))._node.children[1]) == float(value)
         for _ in range(2):
