@@ -16,7 +16,8 @@ launch gpuscalar makes,
 3. hands back outputs: ufuncs and ``cupy`` functions / array methods are computed with NumPy on
    `cupy_fake.host_view`s (so simple results are right); ``ElementwiseKernel`` and ``RawKernel``
    outputs keep their memory (right shape and dtype, values not computed), except the device
-   leaves a host read's kernel packs (``gpuscalar_read_*``: copies, `_pack_read_leaves`).
+   leaves a host read's kernel packs (``gpuscalar_read_*``: copies, `_pack_read_leaves`,
+   `_pack_raw_read_leaves`).
 
 It also records every host->device copy (`RecordingSeam.uploads`, including ``xp.asarray`` of
 host data) and every device->host read (`reads`), hands out fake streams whose capture records
@@ -48,13 +49,17 @@ from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import control as cuda_control
 from gpuscalar.devices.cupy import cublas, metrics
 from gpuscalar.devices.cupy.backend import CudaSeam
+from gpuscalar.lazy import codegen
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
 
 # ---- RawKernel signatures (shared with tests/test_optim_launch.py) ---------------------------
 
 C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32,
-           "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
+           "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_,
+           "signed char": np.int8, "unsigned char": np.uint8, "short": np.int16,
+           "unsigned short": np.uint16, "float16": np.float16,
+           "thrust::complex<float>": np.complex64, "thrust::complex<double>": np.complex128}
 #: the one-word type names of gs.MetricLog's record kernels (gpuscalar.devices.cupy.metrics.C_NAMES)
 C_TYPES.update({name: dtype.type for dtype, name in metrics.C_NAMES.items()})
 
@@ -82,7 +87,7 @@ def parse_kernel(source: str, name: str) -> tuple[np.dtype | None, list[tuple], 
     structs = kernel_structs(source)
     params = []
     for param in (p.strip() for p in signature.split(",")):
-        match = re.fullmatch(r"(?:const )?([\w ]+?)(\*)?(?: __restrict__)? (\w+)", param)
+        match = re.fullmatch(r"(?:const )?([\w :<>]+?)(\*)?(?: __restrict__)? (\w+)", param)
         ctype, pointer, pname = match.groups()
         if ctype == "T":
             want = t_type
@@ -323,6 +328,19 @@ def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
     target = host_view(packed)
     for offset, name in _PACK_STORE.findall(kernel.operation):
         leaf = np.asarray(host_view(ins[names.index(name)])).reshape(-1)[:1]
+        start = int(offset)
+        target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
+
+
+def _pack_raw_read_leaves(launch: Launch) -> None:
+    """`_pack_read_leaves` for a packing ``RawKernel`` (`codegen.read_source`,
+    `codegen.pack_source`): its parameters by name, ``_gs_pack`` last."""
+    _, params, body = parse_kernel(launch.source, launch.name)
+    args = launch.args[2]
+    by_name = {param[3]: arg for param, arg in zip(params, args, strict=True)}
+    target = host_view(args[-1])
+    for offset, name in _PACK_STORE.findall(body):
+        leaf = np.asarray(host_view(by_name[name])).reshape(-1)[:1]
         start = int(offset)
         target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
 
@@ -667,6 +685,8 @@ class RecordingSeam(CudaSeam):
             return None
         if kind == "raw" and launch.name.startswith(metrics.RECORD_PREFIX):
             return _run_record_kernel(launch)
+        if kind == "raw" and launch.name.startswith(codegen.READ_PREFIX):
+            return _pack_raw_read_leaves(launch)
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":

@@ -41,6 +41,7 @@ nodes, the same bits in a few more ops, while repeating shapes cost what they al
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -250,14 +251,39 @@ def materialize(backend: Backend, root: expr.Node, device: object) -> Any:
 
 
 #: Bytes per value in a packed read (`Executor.read`): the widest dtype a GPUScalar holds
-#: (complex128), so every slot is aligned for any of them.
-PACK_SLOT = 16
+#: (complex128), so every slot is aligned for any of them (the kernels' `codegen.PACK_BYTES`).
+PACK_SLOT = codegen.PACK_BYTES
+
+#: dtype -> its `struct` code where `struct` reads a value exactly as NumPy's ``item()`` does
+#: (the same bytes, the same C conversion); float16 and complex values are read by NumPy.
+_STRUCT_CODES = {np.dtype(name): code for name, code in (
+    ("bool", "?"), ("int8", "b"), ("uint8", "B"), ("int16", "h"), ("uint16", "H"),
+    ("int32", "i"), ("uint32", "I"), ("int64", "q"), ("uint64", "Q"), ("float32", "f"),
+    ("float64", "d"))}
+#: the slots' dtypes -> the function reading a packed read's values (bounded as the kernels)
+_UNPACKERS = BoundedCache()
 
 
-def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> list[Any]:
-    """The Python values of a packed read (`Executor.read`), given each slot's dtype."""
-    return [python_value(packed[PACK_SLOT * slot:PACK_SLOT * slot + dtype.itemsize].view(dtype)[0])
-            for slot, dtype in enumerate(dtypes)]
+def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> tuple[Any, ...]:
+    """The Python values of a packed read (`Executor.read`), given each slot's dtype: one
+    `struct` unpacking where every dtype has a code, else NumPy per slot."""
+    key = tuple(dtypes)
+    reader = _UNPACKERS.hit(key) or _UNPACKERS.get(key, _unpacker, key)
+    return reader(packed)
+
+
+def _unpacker(dtypes: tuple[np.dtype, ...]) -> Callable[..., tuple[Any, ...]]:
+    """The reader of packed reads whose slots hold ``dtypes``, in order."""
+    if all(dtype in _STRUCT_CODES for dtype in dtypes):
+        layout = "".join(f"{_STRUCT_CODES[dtype]}{PACK_SLOT - dtype.itemsize}x"
+                         for dtype in dtypes)
+        return struct.Struct(f"={layout}").unpack_from  # (native order, no alignment)
+
+    def by_numpy(packed: np.ndarray) -> tuple[Any, ...]:
+        return tuple(python_value(packed[PACK_SLOT * slot:PACK_SLOT * slot + dtype.itemsize]
+                                  .view(dtype)[0]) for slot, dtype in enumerate(dtypes))
+
+    return by_numpy
 
 
 def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
