@@ -16,8 +16,7 @@ launch gpuscalar makes,
 3. hands back outputs: ufuncs and ``cupy`` functions / array methods are computed with NumPy on
    `cupy_fake.host_view`s (so simple results are right); ``ElementwiseKernel`` and ``RawKernel``
    outputs keep their memory (right shape and dtype, values not computed), except the device
-   leaves a host read's kernel packs (``gpuscalar_read_*``: copies, `_pack_read_leaves`,
-   `_pack_raw_read_leaves`).
+   leaves a host read's kernel packs (``gpuscalar_read_*``: copies, `_pack_read_leaves`).
 
 It also records every host->device copy (`RecordingSeam.uploads`, including ``xp.asarray`` of
 host data) and every device->host read (`reads`), hands out fake streams whose capture records
@@ -315,26 +314,17 @@ def _numpy_twin(func: Any, kind: str) -> Any:
     return getattr(found, name, getattr(np, name, None))
 
 
-#: One packed store of a host read's kernel (`gpuscalar.lazy.codegen.read_spec`): a device leaf
+#: One packed store of a host read's kernel (`gpuscalar.lazy.codegen.read_source`): a device leaf
 #: ``NAME[0]`` written at byte ``OFFSET`` of ``_gs_pack``.
 _PACK_STORE = re.compile(r"&_gs_pack\[(\d+)\]\) = (\w+)\[0\];")
 
 
-def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
-    """Answer the leaf slots of a host read's kernel: the leaves' own bytes, copied as the
-    kernel copies them, so the values the read makes known are the device's. The value slot
-    (slot 0, computed by the fused expression) is not computed, as for any fused kernel."""
-    names = [param.name for param in kernel.in_params]
-    target = host_view(packed)
-    for offset, name in _PACK_STORE.findall(kernel.operation):
-        leaf = np.asarray(host_view(ins[names.index(name)])).reshape(-1)[:1]
-        start = int(offset)
-        target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
-
-
-def _pack_raw_read_leaves(launch: Launch) -> None:
-    """`_pack_read_leaves` for a packing ``RawKernel`` (`codegen.read_source`,
-    `codegen.pack_source`): its parameters by name, ``_gs_pack`` last."""
+def _pack_read_leaves(launch: Launch) -> None:
+    """Answer the leaf slots of a host read's packing ``RawKernel`` (`codegen.read_source`,
+    `codegen.pack_source`; its parameters by name, ``_gs_pack`` last): the leaves' own bytes,
+    copied as the kernel copies them, so the values the read makes known are the device's.
+    A value the kernel computes (a fused expression) is not computed, as for any fused
+    kernel."""
     _, params, body = parse_kernel(launch.source, launch.name)
     args = launch.args[2]
     by_name = {param[3]: arg for param, arg in zip(params, args, strict=True)}
@@ -686,7 +676,7 @@ class RecordingSeam(CudaSeam):
         if kind == "raw" and launch.name.startswith(metrics.RECORD_PREFIX):
             return _run_record_kernel(launch)
         if kind == "raw" and launch.name.startswith(codegen.READ_PREFIX):
-            return _pack_raw_read_leaves(launch)
+            return _pack_read_leaves(launch)
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":
@@ -725,8 +715,6 @@ class RecordingSeam(CudaSeam):
         out_dtypes = check_elementwise_call(kernel, args, launch.kwargs)
         made = [o if o is not None else from_host(self.memory, np.zeros(shape, dtype))
                 for o, dtype in zip(outs, out_dtypes, strict=True)]
-        if kernel.name.startswith("gpuscalar_read_"):
-            _pack_read_leaves(kernel, ins, made[-1])
         return made[0] if nout == 1 else tuple(made)
 
     # ---- the rest of the seam ----

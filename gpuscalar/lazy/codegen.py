@@ -11,7 +11,10 @@ NVVM nor ptxas can contract a multiply of one operation with an add of the next 
 contracts exactly as it would in CuPy's own kernel (same routine, same default flags).
 
 The output is plain source text and parameter lists for ``cupy.ElementwiseKernel`` (CuPy adds
-its headers, broadcasting and launch), generated deterministically from a `gpuscalar.expr.Plan`:
+its headers, broadcasting and launch), or, for a host read (`read_source`, `pack_source`), a
+whole one-thread ``cupy.RawKernel`` around the same statements (its own CuPy headers, pointer
+parameters, the values packed for one transfer), generated deterministically from a
+`gpuscalar.expr.Plan`:
 parameters are numbered by position, preambles are kept in first-use order, and kernel names
 come from the expression's structure, so equal structures give equal source in every process.
 Nothing here needs a GPU: tests compile every generated shape with NVRTC.

@@ -188,7 +188,9 @@ class Executor:
         """For a host read of ``root``: (its value in a new 0-d array, one device op, and a
         1-d uint8 array packing that value and the leaves at positions ``extras`` of
         `expr.leaves_of` (`PACK_SLOT` bytes each, in that order; `unpack` reads it back), or
-        None where this executor cannot pack: the caller then reads the 0-d array)."""
+        None where this executor cannot pack: the caller then reads the 0-d array). The two
+        may share memory (CuPy: the 0-d array is the packed bytes' first slot, one
+        allocation); the caller only reads the packed array and keeps the 0-d one."""
         return self.materialize(root, device), None
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
@@ -367,6 +369,6 @@ def pack_values(backend: Backend, device: object, entries: list[tuple[Any, tuple
     value (a pending one computed from its leaves, in the same op), and the leaves at positions
     ``extras`` of `expr.leaves_of` of each pending entry follow, entry by entry. On NumPy and
     the strict device the op evaluates on the host data; on CuPy it is one generated kernel
-    (`codegen.pack_spec`; a pending entry CuPy cannot fuse is materialized first, eagerly).
+    (`codegen.pack_source`; a pending entry CuPy cannot fuse is materialized first, eagerly).
     """
     return executor_for(backend).pack(device, entries)

@@ -12,6 +12,15 @@ one setting, ``gpuscalar.lazy.set_cache_size``; eviction only costs a rebuild (t
 source). An operation CuPy has no fusable routine for is evaluated eagerly (the base
 `fusion.Executor`), one operation per launch, with the same result. `CupyBackend` names
 `CupyExecutor` as its ``"scalars"`` executor.
+
+A host read (`CupyExecutor.read`, and `CupyExecutor.pack` for `gpuscalar.read`) is the most
+common sync of a training loop, so its host cost counts: it is one ``cupy.RawKernel`` launched
+on one thread (`codegen.read_source`: the same statements as the materializing kernel, so the
+same bits; a pointer argument costs CuPy a fraction of an ElementwiseKernel's raw argument)
+that packs the value and the unknown leaves into ONE new allocation, whose first slot is the
+value's 0-d array (a second ``ndarray`` over the same memory, no second allocation). These
+kernels are made through the seam (`CUPY.seam.compile_kernel`), so their bounded cache is
+emptied while a test seam stands.
 """
 
 from __future__ import annotations
