@@ -273,3 +273,28 @@ def test_a_structure_evaluated_in_pieces_is_read_from_its_array(dev, monkeypatch
     pending.item()
     assert "raw" not in dev.kinds() and len(dev.reads) == 1 and dev.reads[0].shape == ()
     assert len(cupy_fusion._RAW_KERNELS) == 0
+
+
+def test_a_read_on_a_device_that_is_not_current_enters_it(dev, monkeypatch):
+    """The common read makes no device switch (its device is current); one whose device is not
+    current (forced here: the fake memory has one device) enters it for the allocation and the
+    launch, with the same kernel and the same packed leaves."""
+    entered: list[object] = []
+    enter = type(dev).device_context
+
+    def counted(seam, device):
+        entered.append(device)
+        return enter(seam, device)
+
+    monkeypatch.setattr(type(dev), "device_context", counted)
+    first = _leaf(dev, 1.25) * 2.0 + 1.0
+    first.item()
+    assert entered == [] and dev.kinds()[-1] == "raw"
+    kernel = dev.launches[-1].func
+    monkeypatch.setattr(type(dev), "is_current_device", lambda seam, device: False)
+    leaf = _leaf(dev, -3.5)
+    second = leaf * 2.0 + 1.0
+    dev.clear()
+    second.item()
+    assert entered == [0] and dev.kinds() == ["raw"] and dev.launches[0].func is kernel
+    assert known.value_of(leaf.array) == -3.5 and second.array.shape == ()
