@@ -147,6 +147,19 @@ def test_unpack_reads_each_slot_as_numpy_item_does(dtypes):
     assert [_bits(v) for v in fusion.unpack(packed, dtypes)] == [_bits(v) for v in got]
 
 
+def test_unpack_readers_are_bounded(monkeypatch):
+    """At most `gs.cache_size` readers (a new one past the bound empties the table first)."""
+    monkeypatch.setattr(fusion, "_UNPACKERS", {})
+    previous = gs.set_cache_size(2)
+    try:
+        for n in range(1, 6):
+            assert fusion.unpack(np.zeros(fusion.PACK_SLOT * n, np.uint8), [F64] * n) == (
+                0.0,) * n
+            assert len(fusion._UNPACKERS) <= 2
+    finally:
+        gs.set_cache_size(previous)
+
+
 # ---- every path gives the eager value -----------------------------------------------------------
 
 

@@ -262,15 +262,20 @@ _STRUCT_CODES = {np.dtype(name): code for name, code in (
     ("bool", "?"), ("int8", "b"), ("uint8", "B"), ("int16", "h"), ("uint16", "H"),
     ("int32", "i"), ("uint32", "I"), ("int64", "q"), ("uint64", "Q"), ("float32", "f"),
     ("float64", "d"))}
-#: the slots' dtypes -> the function reading a packed read's values (bounded as the kernels)
-_UNPACKERS = BoundedCache()
+#: the slots' dtypes -> the function reading a packed read's values; bounded by `cache_size`
+#: (emptied when full: a reader is made again from the dtypes, the same)
+_UNPACKERS: dict[tuple[np.dtype, ...], Callable[..., tuple[Any, ...]]] = {}
 
 
 def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> tuple[Any, ...]:
     """The Python values of a packed read (`Executor.read`), given each slot's dtype: one
     `struct` unpacking where every dtype has a code, else NumPy per slot."""
     key = tuple(dtypes)
-    reader = _UNPACKERS.hit(key) or _UNPACKERS.get(key, _unpacker, key)
+    reader = _UNPACKERS.get(key)
+    if reader is None:
+        if len(_UNPACKERS) >= cache_size():
+            _UNPACKERS.clear()
+        reader = _UNPACKERS[key] = _unpacker(key)
     return reader(packed)
 
 
