@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from . import ledger, sync
 from .known import UNREAD, python_value, remember, unread_positions, value_of
 from .lazy import expr, fusion
@@ -55,9 +53,11 @@ def read_pending(scalar: Any, reason: str) -> Any:
     extras = tuple(unknown)
     sync.admit(reason)  # the guard first: a refused read launches nothing
     array, packed = scalar._executor.read(node, scalar._device, extras)
-    host = sync.to_host(scalar._backend, array if packed is None else packed, None)
-    if isinstance(host, np.ndarray):  # packed: the value, then each unknown leaf
-        values = fusion.unpack(host, [node.op.dtype, *(leaves[i].dtype for i in extras)])
+    if packed is None:
+        host = sync.to_host(scalar._backend, array, None)
+    else:  # packed: the value, then each unknown leaf
+        values = fusion.unpack(sync.to_host(scalar._backend, packed, None),
+                               [node.op.dtype, *[leaves[i].dtype for i in extras]])
         host = values[0]
         for index, value in zip(extras, values[1:], strict=True):
             remember(leaves[index], value)

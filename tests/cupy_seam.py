@@ -48,13 +48,17 @@ from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import control as cuda_control
 from gpuscalar.devices.cupy import cublas, metrics
 from gpuscalar.devices.cupy.backend import CudaSeam
+from gpuscalar.lazy import codegen
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
 
 # ---- RawKernel signatures (shared with tests/test_optim_launch.py) ---------------------------
 
 C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32,
-           "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_}
+           "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_,
+           "signed char": np.int8, "unsigned char": np.uint8, "short": np.int16,
+           "unsigned short": np.uint16, "float16": np.float16,
+           "thrust::complex<float>": np.complex64, "thrust::complex<double>": np.complex128}
 #: the one-word type names of gs.MetricLog's record kernels (gpuscalar.devices.cupy.metrics.C_NAMES)
 C_TYPES.update({name: dtype.type for dtype, name in metrics.C_NAMES.items()})
 
@@ -82,7 +86,7 @@ def parse_kernel(source: str, name: str) -> tuple[np.dtype | None, list[tuple], 
     structs = kernel_structs(source)
     params = []
     for param in (p.strip() for p in signature.split(",")):
-        match = re.fullmatch(r"(?:const )?([\w ]+?)(\*)?(?: __restrict__)? (\w+)", param)
+        match = re.fullmatch(r"(?:const )?([\w :<>]+?)(\*)?(?: __restrict__)? (\w+)", param)
         ctype, pointer, pname = match.groups()
         if ctype == "T":
             want = t_type
@@ -310,19 +314,23 @@ def _numpy_twin(func: Any, kind: str) -> Any:
     return getattr(found, name, getattr(np, name, None))
 
 
-#: One packed store of a host read's kernel (`gpuscalar.lazy.codegen.read_spec`): a device leaf
+#: One packed store of a host read's kernel (`gpuscalar.lazy.codegen.read_source`): a device leaf
 #: ``NAME[0]`` written at byte ``OFFSET`` of ``_gs_pack``.
 _PACK_STORE = re.compile(r"&_gs_pack\[(\d+)\]\) = (\w+)\[0\];")
 
 
-def _pack_read_leaves(kernel: Any, ins: tuple[Any, ...], packed: Any) -> None:
-    """Answer the leaf slots of a host read's kernel: the leaves' own bytes, copied as the
-    kernel copies them, so the values the read makes known are the device's. The value slot
-    (slot 0, computed by the fused expression) is not computed, as for any fused kernel."""
-    names = [param.name for param in kernel.in_params]
-    target = host_view(packed)
-    for offset, name in _PACK_STORE.findall(kernel.operation):
-        leaf = np.asarray(host_view(ins[names.index(name)])).reshape(-1)[:1]
+def _pack_read_leaves(launch: Launch) -> None:
+    """Answer the leaf slots of a host read's packing ``RawKernel`` (`codegen.read_source`,
+    `codegen.pack_source`; its parameters by name, ``_gs_pack`` last): the leaves' own bytes,
+    copied as the kernel copies them, so the values the read makes known are the device's.
+    A value the kernel computes (a fused expression) is not computed, as for any fused
+    kernel."""
+    _, params, body = parse_kernel(launch.source, launch.name)
+    args = launch.args[2]
+    by_name = {param[3]: arg for param, arg in zip(params, args, strict=True)}
+    target = host_view(args[-1])
+    for offset, name in _PACK_STORE.findall(body):
+        leaf = np.asarray(host_view(by_name[name])).reshape(-1)[:1]
         start = int(offset)
         target[start:start + leaf.dtype.itemsize] = leaf.view(np.uint8)
 
@@ -667,6 +675,8 @@ class RecordingSeam(CudaSeam):
             return None
         if kind == "raw" and launch.name.startswith(metrics.RECORD_PREFIX):
             return _run_record_kernel(launch)
+        if kind == "raw" and launch.name.startswith(codegen.READ_PREFIX):
+            return _pack_read_leaves(launch)
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":
@@ -705,8 +715,6 @@ class RecordingSeam(CudaSeam):
         out_dtypes = check_elementwise_call(kernel, args, launch.kwargs)
         made = [o if o is not None else from_host(self.memory, np.zeros(shape, dtype))
                 for o, dtype in zip(outs, out_dtypes, strict=True)]
-        if kernel.name.startswith("gpuscalar_read_"):
-            _pack_read_leaves(kernel, ins, made[-1])
         return made[0] if nout == 1 else tuple(made)
 
     # ---- the rest of the seam ----

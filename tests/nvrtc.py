@@ -161,6 +161,16 @@ def join_sources(specs: list[Any], array_ndim: int = 1) -> str:
     return headers + "\n".join(preambles) + "\n" + "\n".join(bodies)
 
 
+def join_raw_sources(kernels: list[Any]) -> str:
+    """One translation unit holding every generated ``RawKernel`` (`codegen.RawSource`: CuPy's
+    headers and preambles first, each distinct piece once, in first-use order, then the
+    kernel functions)."""
+    pieces: list[str] = []
+    for kernel in kernels:
+        pieces += [piece for piece in kernel.preambles if piece not in pieces]
+    return "\n".join([*pieces, *(kernel.function for kernel in kernels)])
+
+
 #: the machine code's architecture for `machine_code` (an H100/H200, what the GPU runs were on)
 SASS_ARCH = "sm_90"
 

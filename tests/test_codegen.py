@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gpuscalar as gs
+from gpuscalar.devices.cupy.backend import CupyBackend
 from gpuscalar.devices.cupy.fusion import eager_cupy_op
 from gpuscalar.lazy import codegen, expr
 
@@ -279,26 +280,32 @@ def test_seeded_random_shapes_compile(nvrtc):
 
 
 def test_the_packed_read_kernel_compiles(nvrtc):
-    """A host read of a pending expression on CuPy (`codegen.read_spec`): the materializing
-    kernel plus a raw uint8 output packing the value and each unknown device leaf, one 16-byte
-    slot each, for one transfer (a complex leaf and a float32 leaf of a float64 value here)."""
+    """A host read of a pending expression on CuPy (`codegen.read_source`): a one-thread
+    RawKernel running the materializing kernel's statements, then packing the value and each
+    unknown device leaf into uint8 bytes, one 16-byte slot each, for one transfer (a complex
+    leaf and a float32 leaf of a float64 value here)."""
     a, z = gs.asscalar(np.float32(1.25)), gs.asscalar(np.complex64(1j))
     node = (a * 2.0 + abs(z) / a)._node
     leaves = expr.leaves_of(node)  # a, the constant 2.0, z, a again
     assert leaves[0] is leaves[3] is a.array and leaves[2] is z.array
     extras = (0, 2)  # each device leaf once, as gpuscalar.reads asks for them
-    spec = codegen.read_spec(node, extras)
-    assert spec.name.startswith("gpuscalar_read_") and spec.name.endswith("_2")
-    assert spec.out_params == "float64 _gs_out, raw uint8 _gs_pack"
-    assert spec.in_params == codegen.materialize_spec(node).in_params  # the same arguments
+    kernel = codegen.read_source(node, extras)
+    assert kernel.name.startswith("gpuscalar_read_") and kernel.name.endswith("_2")
+    materialize = codegen.materialize_spec(node)
+    statements = materialize.operation.splitlines()[:-1]  # (its last line stores _gs_out)
+    assert "\n".join(f"    {line}" for line in statements) in kernel.function  # the same C
+    signature = kernel.function.split(") {")[0]
+    assert signature.endswith(", unsigned char* __restrict__ _gs_pack")
+    assert signature.count("const float* __restrict__") == 2  # a (twice: a leaf each time)
+    assert "const double _gs_c1" in signature  # the constant, by value
     stores = re.findall(r"reinterpret_cast<([\w:<>]+)\*>\(&_gs_pack\[(\d+)\]\)",
-                        spec.operation)
+                        kernel.function)
     assert [offset for _, offset in stores] == ["0", "16", "32"]
     assert stores[0][0] == "double" and stores[1][0] == "float"
     assert "complex<float>" in stores[2][0]
-    ptx = nv.compile_source(nvrtc, nv.join_sources([spec], array_ndim=0), "read.cu",
-                            nv.cupy_options())
-    assert f".entry {spec.name}" in ptx
+    ptx = nv.compile_source(nvrtc, kernel.source, "read.cu",
+                            nv.cupy_options(CupyBackend.kernel_options))
+    assert f".entry {kernel.name}" in ptx
 
 
 def test_the_compile_check_can_fail(nvrtc):

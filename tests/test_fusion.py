@@ -457,8 +457,8 @@ def test_an_output_overlapping_an_input_is_checked_on_every_fold():
 
 def test_a_host_read_on_cupy_is_one_packing_kernel_and_one_transfer():
     """Reading a pending expression on CuPy evaluates it with the read kernel
-    (``gpuscalar_read_*``, not the ``gpuscalar_expr_*`` materializer) whose extra uint8 output
-    packs the value and the unknown device leaf: one launch, one transfer. The leaf is known
+    (``gpuscalar_read_*``, a RawKernel, not the ``gpuscalar_expr_*`` materializer) whose uint8
+    output packs the value and the unknown device leaf: one launch, one transfer. The leaf is known
     afterwards: reading it, or an expression of it and Python numbers, needs neither."""
     from gpuscalar.lazy.fusion import PACK_SLOT
 
@@ -472,7 +472,7 @@ def test_a_host_read_on_cupy_is_one_packing_kernel_and_one_transfer():
         with gs.count_syncs() as counter:
             float(pending)  # (the recorder does not compute the fused value: not checked)
         assert counter.count == 1 and counter.device_ops == 1
-        assert seam.kinds() == ["elementwise"]
+        assert seam.kinds() == ["raw"]
         assert seam.launches[0].name.startswith("gpuscalar_read_")
         assert len(seam.reads) == 1 and seam.reads[0].dtype == np.uint8
         assert seam.reads[0].shape == (2 * PACK_SLOT,)  # the value, then the leaf

@@ -11,7 +11,10 @@ NVVM nor ptxas can contract a multiply of one operation with an add of the next 
 contracts exactly as it would in CuPy's own kernel (same routine, same default flags).
 
 The output is plain source text and parameter lists for ``cupy.ElementwiseKernel`` (CuPy adds
-its headers, broadcasting and launch), generated deterministically from a `gpuscalar.expr.Plan`:
+its headers, broadcasting and launch), or, for a host read (`read_source`, `pack_source`), a
+whole one-thread ``cupy.RawKernel`` around the same statements (its own CuPy headers, pointer
+parameters, the values packed for one transfer), generated deterministically from a
+`gpuscalar.expr.Plan`:
 parameters are numbered by position, preambles are kept in first-use order, and kernel names
 come from the expression's structure, so equal structures give equal source in every process.
 Nothing here needs a GPU: tests compile every generated shape with NVRTC.
@@ -65,7 +68,11 @@ __all__ = [
     "materialize_spec",
     "ArrayOperand",
     "fused_spec",
-    "pack_spec",
+    "RawSource",
+    "read_source",
+    "pack_source",
+    "PACK_BYTES",
+    "READ_PREFIX",
 ]
 
 
@@ -499,31 +506,74 @@ def materialize_spec(root: expr.Node) -> KernelSpec:
     )
 
 
-def read_spec(root: expr.Node, extras: tuple[int, ...]) -> KernelSpec:
-    """`materialize_spec`'s kernel that also packs, for one transfer, the value and the device
-    leaves at positions ``extras`` into the raw bytes ``_gs_pack``: slot k (16 bytes, aligned
-    for any dtype) holds the k-th value (`gpuscalar.lazy.fusion.Executor.read`)."""
+def read_source(root: expr.Node, extras: tuple[int, ...]) -> RawSource:
+    """The ``RawKernel`` of a host read of ``root``: one thread computes it
+    (`scalar_code`, the statements `materialize_spec` runs) and packs, for one transfer, the
+    value and the device leaves at positions ``extras`` into the bytes ``_gs_pack``: slot k
+    (`PACK_BYTES` bytes, aligned for any dtype) holds the k-th value, and slot 0 is also the
+    read's 0-d result (`gpuscalar.lazy.fusion.Executor.read`). Its parameters are the
+    expression's leaves and constants (pointers and values, `raw_kernel_params`), then
+    ``_gs_pack``."""
     code = scalar_code(root, "_gs_")
-    plan = expr.plan_of(root)
+    values = [(code.value, code.dtype), *(_packed_leaf(code, index) for index in extras)]
+    name = f"{READ_PREFIX}{expr.plan_of(root).name}_{len(extras)}"
+    return _packing_kernel(name, [code], values)
+
+
+#: Bytes per value in a packed read (`gpuscalar.lazy.fusion.PACK_SLOT`): room and alignment
+#: for any dtype, complex128 included.
+PACK_BYTES = 16
+#: Every packing kernel's name starts with this (`read_source`, `pack_source`).
+READ_PREFIX = "gpuscalar_read_"
+
+
+def _packed_leaf(code: ScalarCode, index: int) -> tuple[str, np.dtype]:
+    name, dtype, is_leaf = code.params[index]
+    assert is_leaf, "only device leaves are packed"
+    return f"{name}[0]", dtype
+
+
+@dataclass(frozen=True)
+class RawSource:
+    """A generated ``RawKernel`` (`read_source`, `pack_source`): its name, the distinct pieces
+    its source starts with (CuPy's headers, the headers its types need, the preambles), in
+    order, and the kernel function."""
+
+    name: str
+    preambles: tuple[str, ...]
+    function: str
+
+    @property
+    def source(self) -> str:
+        return "\n".join([*self.preambles, self.function])
+
+
+def _packing_kernel(name: str, codes: list[ScalarCode],
+                    values: list[tuple[str, np.dtype]]) -> RawSource:
+    """A one-thread ``RawKernel`` running the statements of ``codes`` in order, then storing
+    each of ``values`` (a C value and its dtype) in its slot of the bytes ``_gs_pack``."""
     headers: list[str] = []
-    values = [(code.value, code.dtype)]
-    for index in extras:
-        name, dtype, is_leaf = code.params[index]
-        assert is_leaf, "only device leaves are packed"
-        values.append((f"{name}[0]", dtype))
-    stores = [f"*reinterpret_cast<{cuda_type(dtype, headers)}*>(&_gs_pack[{16 * slot}]) = "
-              f"{value};" for slot, (value, dtype) in enumerate(values)]
-    preambles = list(code.preambles)
-    for header in headers:
-        if header not in preambles:
-            preambles.insert(0, header)
-    return KernelSpec(
-        in_params=", ".join(_param_list(code)),
-        out_params=f"{code.dtype.name} _gs_out, raw uint8 _gs_pack",
-        operation="\n".join([*code.statements, f"_gs_out = {code.value};", *stores]),
-        name=f"gpuscalar_read_{plan.name}_{len(extras)}",
-        preambles=tuple(preambles),
-    )
+    params: list[str] = []
+    statements: list[str] = []
+    preambles: list[str] = []
+    for code in codes:
+        params += raw_kernel_params(code)
+        for _, dtype, _ in code.params:
+            cuda_type(dtype, headers)  # (the headers a parameter's type needs)
+        statements += code.statements
+        preambles += [part for part in code.preambles if part not in preambles]
+    statements += [f"*reinterpret_cast<{cuda_type(dtype, headers)}*>"
+                   f"(&_gs_pack[{PACK_BYTES * slot}]) = {value};"
+                   for slot, (value, dtype) in enumerate(values)]
+    params.append("unsigned char* __restrict__ _gs_pack")
+    function = "\n".join([
+        f'extern "C" __global__ void {name}({", ".join(params)}) {{',
+        "    if (blockIdx.x != 0 || threadIdx.x != 0) return;",
+        *(f"    {line}" for line in statements),
+        "}",
+    ]) + "\n"
+    pieces = [cupy_headers(), *(h for h in headers if h not in preambles), *preambles]
+    return RawSource(name, tuple(pieces), function)
 
 
 @dataclass(frozen=True)
@@ -600,20 +650,17 @@ def fused_spec(ufunc_name: str, routine_op: Any, operands: list[ArrayOperand],
     )
 
 
-def pack_spec(items: list[tuple[Any, ...]]) -> KernelSpec:
-    """The kernel of a read of several values at once (`gpuscalar.read`): one thread packs every
-    value into the raw bytes ``_gs_pack`` for one transfer. Each item is ``("leaf", dtype)`` (a
-    0-d device array, a materialized GPUScalar) or ``("node", root, extras)`` (a pending
-    GPUScalar, computed here from its leaves, as `read_spec` computes one). Slot k (16 bytes,
-    aligned for any dtype) holds the k-th item's value; the device leaves at positions
-    ``extras`` of each pending item follow, item by item, so they become known with it. Every
-    name of item k starts with ``_gs_{k}_``; the kernel is launched with ``size=1`` (all its
-    arrays are raw)."""
-    params: list[str] = []
-    statements: list[str] = []
-    preambles: list[str] = []
-    headers: list[str] = []
-    values: list[tuple[str, np.dtype]] = []
+def pack_source(items: list[tuple[Any, ...]]) -> RawSource:
+    """The ``RawKernel`` of a read of several values at once
+    (`gpuscalar.read`): one thread packs every value into the bytes ``_gs_pack`` for one
+    transfer. Each item is ``("leaf", dtype)`` (a 0-d device array, a materialized GPUScalar)
+    or ``("node", root, extras)`` (a pending GPUScalar, computed here from its leaves, as
+    `read_source` computes one). Slot k (`PACK_BYTES` bytes, aligned for any dtype) holds the
+    k-th item's value; the device leaves at positions ``extras`` of each pending item follow,
+    item by item, so they become known with it. Every name of item k starts with
+    ``_gs_{k}_``; the parameters are each item's (a pointer, or the expression's leaves and
+    constants), in order, then ``_gs_pack``."""
+    codes: list[ScalarCode] = []
     extra_values: list[tuple[str, np.dtype]] = []
     described: list[str] = []
     for k, item in enumerate(items):
@@ -624,22 +671,9 @@ def pack_spec(items: list[tuple[Any, ...]]) -> KernelSpec:
         else:
             _, root, extras = item
             code = scalar_code(root, prefix)
-            for index in extras:
-                name, dtype, is_leaf = code.params[index]
-                assert is_leaf, "only device leaves are packed"
-                extra_values.append((f"{name}[0]", dtype))
+            extra_values += [_packed_leaf(code, index) for index in extras]
             described.append(f"n{expr.describe_structure(root.key)}{tuple(extras)}")
-        params += _param_list(code)
-        statements += code.statements
-        preambles += [part for part in code.preambles if part not in preambles]
-        values.append((code.value, code.dtype))
-    stores = [f"*reinterpret_cast<{cuda_type(dtype, headers)}*>(&_gs_pack[{16 * slot}]) = "
-              f"{value};" for slot, (value, dtype) in enumerate(values + extra_values)]
+        codes.append(code)
+    values = [(code.value, code.dtype) for code in codes] + extra_values
     digest = hashlib.sha1("|".join(described).encode()).hexdigest()[:16]
-    return KernelSpec(
-        in_params=", ".join(params),
-        out_params="raw uint8 _gs_pack",
-        operation="\n".join([*statements, *stores]),
-        name=f"gpuscalar_read_many_{len(items)}_{digest}",
-        preambles=tuple(dict.fromkeys(headers + preambles)),
-    )
+    return _packing_kernel(f"{READ_PREFIX}many_{len(items)}_{digest}", codes, values)

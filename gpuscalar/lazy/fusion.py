@@ -41,6 +41,7 @@ nodes, the same bits in a few more ops, while repeating shapes cost what they al
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -187,7 +188,9 @@ class Executor:
         """For a host read of ``root``: (its value in a new 0-d array, one device op, and a
         1-d uint8 array packing that value and the leaves at positions ``extras`` of
         `expr.leaves_of` (`PACK_SLOT` bytes each, in that order; `unpack` reads it back), or
-        None where this executor cannot pack: the caller then reads the 0-d array)."""
+        None where this executor cannot pack: the caller then reads the 0-d array). The two
+        may share memory (CuPy: the 0-d array is the packed bytes' first slot, one
+        allocation); the caller only reads the packed array and keeps the 0-d one."""
         return self.materialize(root, device), None
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
@@ -250,14 +253,44 @@ def materialize(backend: Backend, root: expr.Node, device: object) -> Any:
 
 
 #: Bytes per value in a packed read (`Executor.read`): the widest dtype a GPUScalar holds
-#: (complex128), so every slot is aligned for any of them.
-PACK_SLOT = 16
+#: (complex128), so every slot is aligned for any of them (the kernels' `codegen.PACK_BYTES`).
+PACK_SLOT = codegen.PACK_BYTES
+
+#: dtype -> its `struct` code where `struct` reads a value exactly as NumPy's ``item()`` does
+#: (the same bytes, the same C conversion); float16 and complex values are read by NumPy.
+_STRUCT_CODES = {np.dtype(name): code for name, code in (
+    ("bool", "?"), ("int8", "b"), ("uint8", "B"), ("int16", "h"), ("uint16", "H"),
+    ("int32", "i"), ("uint32", "I"), ("int64", "q"), ("uint64", "Q"), ("float32", "f"),
+    ("float64", "d"))}
+#: the slots' dtypes -> the function reading a packed read's values; bounded by `cache_size`
+#: (emptied when full: a reader is made again from the dtypes, the same)
+_UNPACKERS: dict[tuple[np.dtype, ...], Callable[..., tuple[Any, ...]]] = {}
 
 
-def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> list[Any]:
-    """The Python values of a packed read (`Executor.read`), given each slot's dtype."""
-    return [python_value(packed[PACK_SLOT * slot:PACK_SLOT * slot + dtype.itemsize].view(dtype)[0])
-            for slot, dtype in enumerate(dtypes)]
+def unpack(packed: np.ndarray, dtypes: list[np.dtype]) -> tuple[Any, ...]:
+    """The Python values of a packed read (`Executor.read`), given each slot's dtype: one
+    `struct` unpacking where every dtype has a code, else NumPy per slot."""
+    key = tuple(dtypes)
+    reader = _UNPACKERS.get(key)
+    if reader is None:
+        if len(_UNPACKERS) >= cache_size():
+            _UNPACKERS.clear()
+        reader = _UNPACKERS[key] = _unpacker(key)
+    return reader(packed)
+
+
+def _unpacker(dtypes: tuple[np.dtype, ...]) -> Callable[..., tuple[Any, ...]]:
+    """The reader of packed reads whose slots hold ``dtypes``, in order."""
+    if all(dtype in _STRUCT_CODES for dtype in dtypes):
+        layout = "".join(f"{_STRUCT_CODES[dtype]}{PACK_SLOT - dtype.itemsize}x"
+                         for dtype in dtypes)
+        return struct.Struct(f"={layout}").unpack_from  # (native order, no alignment)
+
+    def by_numpy(packed: np.ndarray) -> tuple[Any, ...]:
+        return tuple(python_value(packed[PACK_SLOT * slot:PACK_SLOT * slot + dtype.itemsize]
+                                  .view(dtype)[0]) for slot, dtype in enumerate(dtypes))
+
+    return by_numpy
 
 
 def _replay_eagerly(backend: Backend, root: expr.Node) -> Any:
@@ -341,6 +374,6 @@ def pack_values(backend: Backend, device: object, entries: list[tuple[Any, tuple
     value (a pending one computed from its leaves, in the same op), and the leaves at positions
     ``extras`` of `expr.leaves_of` of each pending entry follow, entry by entry. On NumPy and
     the strict device the op evaluates on the host data; on CuPy it is one generated kernel
-    (`codegen.pack_spec`; a pending entry CuPy cannot fuse is materialized first, eagerly).
+    (`codegen.pack_source`; a pending entry CuPy cannot fuse is materialized first, eagerly).
     """
     return executor_for(backend).pack(device, entries)

@@ -12,6 +12,15 @@ one setting, ``gpuscalar.lazy.set_cache_size``; eviction only costs a rebuild (t
 source). An operation CuPy has no fusable routine for is evaluated eagerly (the base
 `fusion.Executor`), one operation per launch, with the same result. `CupyBackend` names
 `CupyExecutor` as its ``"scalars"`` executor.
+
+A host read (`CupyExecutor.read`, and `CupyExecutor.pack` for `gpuscalar.read`) is the most
+common sync of a training loop, so its host cost counts: it is one ``cupy.RawKernel`` launched
+on one thread (`codegen.read_source`: the same statements as the materializing kernel, so the
+same bits; a pointer argument costs CuPy a fraction of an ElementwiseKernel's raw argument)
+that packs the value and the unknown leaves into ONE new allocation, whose first slot is the
+value's 0-d array (a second ``ndarray`` over the same memory, no second allocation). These
+kernels are made through the seam (`CUPY.seam.compile_kernel`), so their bounded cache is
+emptied while a test seam stands.
 """
 
 from __future__ import annotations
@@ -50,7 +59,8 @@ _PINNED = BoundedCache()
 
 def kernel_count() -> int:
     """How many distinct fused kernels are cached now (for tests and benchmarks)."""
-    return sum(1 for kernel in _KERNELS.values() if kernel is not None)
+    return sum(1 for cache in (_KERNELS, _RAW_KERNELS) for kernel in cache.values()
+               if kernel is not None)
 
 
 class CupyExecutor(Executor):
@@ -77,15 +87,17 @@ class CupyExecutor(Executor):
 
     def read(self, root: expr.Node, device: object,
              extras: tuple[int, ...]) -> tuple[Any, Any]:
-        kernel = _cached_kernel(("read", root.key, extras), codegen.read_spec, root, extras)
+        kernel = _RAW_KERNELS.hit((root[KEY], extras), _NO_PLAN)
+        if kernel is _NO_PLAN:
+            kernel = _read_kernel(root, extras)
         if kernel is None:
             return self.materialize(root, device), None
-        backend = self.backend
-        with backend.device_context(device):
-            out = backend.xp.empty((), dtype=root.op.dtype)
-            packed = backend.xp.empty(PACK_SLOT * (1 + len(extras)), dtype=np.uint8)
-            backend.call(kernel, *expr.leaves_of(root), out, packed)
-        return out, packed
+        if CUPY.seam.is_current_device(device):  # (the common read: no device switch to make)
+            return _launch_packing(kernel, expr.leaves_of(root), 1 + len(extras),
+                                   root.op.dtype)
+        with CUPY.device_context(device):
+            return _launch_packing(kernel, expr.leaves_of(root), 1 + len(extras),
+                                   root.op.dtype)
 
     def fused_ufunc(self, name: str, operands: list[Any], kwargs: dict[str, Any],
                     pending: dict[int, expr.Node], keep: frozenset[int]) -> tuple[Any, dict]:
@@ -107,7 +119,6 @@ class CupyExecutor(Executor):
         return dtype_pins_loop(name, dtype)
 
     def pack(self, device: object, entries: list[tuple[Any, tuple[int, ...]]]) -> Any:
-        backend = self.backend
         items: list[tuple[Any, ...]] = []
         args: list[Any] = []
         for value, extras in entries:
@@ -119,23 +130,60 @@ class CupyExecutor(Executor):
                 args.append(value)
         key = ("read_many", tuple(("leaf", item[1]) if item[0] == "leaf"
                                   else ("node", item[1].key, item[2]) for item in items))
-        kernel = _cached_kernel(key, codegen.pack_spec, items)
+        kernel = _RAW_KERNELS.get(key, _compile_raw, codegen.pack_source, items)
         if kernel is None:  # an op CuPy cannot fuse: its entries evaluated first, then packed
-            return self.pack(device, _materialized_entries(backend, device, entries))
-        with backend.device_context(device):
-            packed = backend.xp.empty(PACK_SLOT * _slot_count(entries), dtype=np.uint8)
-            backend.call(kernel, *args, packed, size=1)
-        return packed
+            return self.pack(device, _materialized_entries(self.backend, device, entries))
+        with CUPY.device_context(device):
+            return _launch_packing(kernel, args, _slot_count(entries), None)[1]
+
+
+#: The launch configuration of a one-thread kernel.
+_ONE_THREAD = (1,)
+
+
+def _launch_packing(kernel: Any, args: list[Any], slots: int, dtype: np.dtype | None
+                    ) -> tuple[Any, Any]:
+    """Launch a packing kernel (`codegen.read_source`, `codegen.pack_source`) on the current
+    device with ``args`` and its output: ONE new allocation of ``slots`` slots, the bytes the
+    transfer reads. Returns (slot 0 as a 0-d array of ``dtype`` over that allocation, or None
+    without a dtype; the bytes). (Each dtype is given to CuPy by its character code, and the
+    memory positionally: CuPy's constructor takes those fastest.)"""
+    ndarray = CUPY.xp.ndarray
+    packed = ndarray((PACK_SLOT * slots,), "B")
+    args.append(packed)
+    CUPY.call(kernel, _ONE_THREAD, _ONE_THREAD, tuple(args))
+    return (None if dtype is None else ndarray((), dtype.char, packed.data)), packed
+
+
+#: (structure key, extras) of a read, or ("read_many", items) of `CupyExecutor.pack` -> the
+#: compiled packing ``RawKernel`` (made through the seam: emptied while a test seam stands),
+#: or None where CuPy cannot fuse. Bounded as the other caches (`expr.BoundedCache`).
+_RAW_KERNELS = BoundedCache()
+CUPY.seam_cache(_RAW_KERNELS)  # type: ignore[arg-type]  # (dict-like: keys, [], update, clear)
+
+
+def _read_kernel(root: expr.Node, extras: tuple[int, ...]) -> Any:
+    """The packing kernel of a host read of ``root`` (`codegen.read_source`), keyed by its
+    structure and ``extras``; None when CuPy cannot fuse it, or (not cached) for a structure
+    evaluated in pieces (`splits`): the read then materializes it, in pieces, and reads the
+    0-d array."""
+    if root[expr.SIZE] > fusion.SPLIT_NODES and splits(root, count=False):
+        return None
+    return _RAW_KERNELS.get((root[KEY], extras), _compile_raw, codegen.read_source, root,
+                            extras)
+
+
+def _compile_raw(make_source: Callable[..., codegen.RawSource], *args: Any) -> Any:
+    try:
+        made = make_source(*args)
+    except codegen.FusionUnsupported:
+        return None
+    return CUPY.seam.compile_kernel(made.source, made.name, CUPY.kernel_options)
 
 
 def _cached_kernel(key: tuple, make_spec: Callable[..., codegen.KernelSpec], *args: Any) -> Any:
     """The ElementwiseKernel for ``key`` (built once from ``make_spec(*args)``), or None when
-    CuPy cannot fuse it, or (not cached) for the read of a structure evaluated in pieces
-    (`splits`): the read then materializes it, in pieces, and reads the 0-d array."""
-    if key[0] == "read" and make_spec is codegen.read_spec and (
-            args[0][expr.SIZE] > fusion.SPLIT_NODES) and key not in _KERNELS and (
-            splits(args[0], count=False)):
-        return None
+    CuPy cannot fuse it."""
     return _KERNELS.get(key, _build_kernel, make_spec, args)
 
 
