@@ -108,6 +108,9 @@ __all__ = [
     "evaluate",
     "evaluate_on_host",
     "evaluate_plan",
+    "host_program",
+    "host_program_of",
+    "FLOAT64_OPERATIONS",
     "lazy",
     "is_lazy",
 ]
@@ -657,8 +660,9 @@ def set_cache_size(size: int) -> int:
     keytable.bound_keys(2 * size)  # the key table: swept past 2 keys per cached entry
     for cache in list(_CACHES):
         cache.trim()
-    if len(_LEAF_READERS) > size:
-        _LEAF_READERS.clear()
+    for derived in (_LEAF_READERS, _HOST_PROGRAMS):
+        if len(derived) > size:
+            derived.clear()
     return previous
 
 
@@ -708,6 +712,13 @@ class OpKind:
         """The op with NumPy on host values, as the eager operation runs it (`fold_plan`)."""
         raise NotImplementedError
 
+    def _host_source(self, op: Op, operands: list[str], bind: Callable[[Any], str]) -> str:
+        """`on_host` as a Python expression over ``operands`` (Python expressions giving what
+        `fold_plan` gives it), for the compiled host evaluator (`host_program`); ``bind(x)``
+        names an object for that text. Not a column: this default, the call of `on_host`
+        itself, serves every kind; a kind may write its call out."""
+        return f"{bind(self.on_host)}({bind(op)}, [{', '.join(operands)}])"
+
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
         """The op as ``backend``'s eager call on ``args`` (as `codegen.unfused_args` gives
         them), for a tree CuPy cannot fuse; the caller casts the value to ``op.dtype``."""
@@ -732,6 +743,11 @@ class UfuncKind(OpKind):
     def on_host(self, op: Op, args: list[Any]) -> Any:
         result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
         return result[op.output] if len(op.out_dtypes) > 1 else result
+
+    def _host_source(self, op: Op, operands: list[str], bind: Callable[[Any], str]) -> str:
+        call = (f"{bind(getattr(np, op.name))}({', '.join(operands)}, "
+                f"signature={bind(op.signature)}, casting='unsafe')")  # `on_host`, written out
+        return f"{call}[{op.output}]" if len(op.out_dtypes) > 1 else call
 
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
         value = backend.call(backend.ufunc(op.name), *args)
@@ -832,9 +848,10 @@ def fold_plan(plan: Plan, sources: list[Any],
     """THE walk of an expression: ``plan``'s steps in order, ``apply(op, operands)`` on each
     (its operands being ``sources``, the leaves' values in plan order, and earlier steps'
     results); returns the last result. The host evaluator applies NumPy here (``apply`` None:
-    each op's `OpKind.on_host`, called from the walk itself, as it is hot), the eager replay
-    (`gpuscalar.lazy.fusion`) calls the backend and the code generator
-    (`gpuscalar.lazy.codegen`) writes C, so all read a tree in the same order."""
+    each op's `OpKind.on_host`, called from the walk itself; `evaluate`), its compiled form
+    (`host_program`) writes Python, the eager replay (`gpuscalar.lazy.fusion`) calls the
+    backend and the code generator (`gpuscalar.lazy.codegen`) writes C, so all read a tree in
+    the same order."""
     results: list[Any] = []
     for op, refs in plan.steps:
         operands = [sources[r] if r >= 0 else results[~r] for r in refs]
@@ -862,5 +879,136 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
                   host_data: Callable[[Any], Any]) -> np.ndarray:
     """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
     sources = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
-    with np.errstate(all="ignore"):
-        return np.asarray(fold_plan(plan, sources))
+    return np.asarray(host_program(plan)[0](sources))
+
+
+# ---- the host evaluator, compiled per structure -------------------------------------------------
+#
+# A host-heavy loop (a solver's scalar recurrence on values read once, `gpuscalar.known`)
+# evaluates the same few structures over and over, each op a NumPy ufunc call (~7.6k host
+# instructions with its signature) inside an ``np.errstate`` (~10k): ~30x a Python float's
+# arithmetic. So each structure's evaluation is compiled once into a Python function, written
+# by `fold_plan` itself (its ``apply`` writes each step's statement), that binds every op's
+# call and runs the float64 steps whose NumPy loop is one IEEE 754 operation as the Python
+# float operation, which is the same operation: its result is unique unless it is a NaN (IEEE
+# fixes every other bit: the correctly rounded value and the sign of a zero), so only a NaN
+# result (or a division by zero, which Python refuses) is computed again by the ufunc, whose NaN
+# bits are the result. A function of such steps alone runs without ``np.errstate`` (Python's
+# float arithmetic never warns; the recomputation is quiet on its own); any other step makes the
+# whole function quiet, as `evaluate_plan` always was.
+
+#: float64 ufunc (its loop reads float64 operands) -> the Python float operation that is its
+#: loop's IEEE 754 operation (``{}``: the operands), and the loop's output dtype.
+FLOAT64_OPERATIONS: dict[str, tuple[str, np.dtype]] = {
+    **{name: (form, np.dtype(np.float64)) for name, form in (
+        ("add", "{} + {}"), ("subtract", "{} - {}"), ("multiply", "{} * {}"),
+        ("divide", "{} / {}"), ("negative", "-{}"), ("positive", "+{}"),
+        ("absolute", "abs({})"))},
+    **{name: (form, np.dtype(np.bool_)) for name, form in (
+        ("less", "{} < {}"), ("less_equal", "{} <= {}"), ("greater", "{} > {}"),
+        ("greater_equal", "{} >= {}"), ("equal", "{} == {}"), ("not_equal", "{} != {}"))},
+}
+_F8, _BOOL = np.dtype(np.float64), np.dtype(np.bool_)
+#: How a compiled step's operand is held: as `fold_plan` gives it (a NumPy value), as a leaf's
+#: host value (a Python number, NumPy scalar or 0-d array of the leaf's dtype), or as a Python
+#: float or bool (a float64 step's result).
+_NUMPY, _HOST, _PYTHON = 0, 1, 2
+#: structure key -> its compiled host evaluator (`host_program`); bounded by `cache_size`
+#: (emptied when full, and at each sweep of the key table, as the leaf readers).
+_HOST_PROGRAMS: dict[int, tuple[Callable[[list[Any]], Any], bool]] = {}
+keytable.FORGOTTEN_AT_SWEEP.append(_HOST_PROGRAMS)
+
+
+def host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
+    """``(run, gives_python)``: ``run(sources)`` is `fold_plan`'s host evaluation of ``plan``
+    under ``np.errstate(all="ignore")``, bit for bit, ``sources`` being the leaves' host
+    values (Python numbers, NumPy scalars or 0-d arrays of the leaves' dtypes) and the
+    constants; its value is a NumPy value of the root's dtype, or, where ``gives_python``, the
+    Python float or bool of that value. Compiled once per structure (see above)."""
+    program = _HOST_PROGRAMS.get(plan.key)
+    if program is None:
+        program = _compile_host_program(plan)
+        if len(_HOST_PROGRAMS) >= _cache_size:
+            _HOST_PROGRAMS.clear()
+        _HOST_PROGRAMS[plan.key] = program
+    return program
+
+
+def host_program_of(root: Node) -> tuple[Callable[[list[Any]], Any], bool]:
+    """`host_program` of ``root``'s structure (one dict lookup once compiled)."""
+    program = _HOST_PROGRAMS.get(root[KEY])
+    return program if program is not None else host_program(plan_of(root))
+
+
+def _float64_step(op: Op, operands: list[tuple[str, int, Any]]) -> str | None:
+    """The Python float operation that is ``op``'s NumPy loop, if ``op`` is one of
+    `FLOAT64_OPERATIONS` on float64 operands, else None."""
+    row = FLOAT64_OPERATIONS.get(op.name) if op.kind == "ufunc" else None
+    if row is None or op.out_dtypes != (row[1],) or \
+            any(dtype != _F8 for dtype in op.in_dtypes) or \
+            any(dtype != _F8 for _, _, dtype in operands):
+        return None
+    return row[0]
+
+
+def _quiet_recompute(op: Op) -> Callable[..., float]:
+    """``op`` (a float64 step) on Python floats, by its NumPy loop, quiet: its NaN's bits."""
+    on_host, float64 = op.row.on_host, np.float64
+
+    @np.errstate(all="ignore")
+    def recompute(*operands: float) -> float:
+        return float(on_host(op, [float64(x) for x in operands]))
+
+    return recompute
+
+
+def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
+    """Write ``run(s)`` for ``plan`` with `fold_plan` (see `host_program`) and compile it."""
+    namespace: dict[str, Any] = {"float": float}
+    lines: list[str] = []
+    steps = 0
+    quiet = False  # whether a step may warn: then the whole function runs quiet
+
+    def bind(value: Any) -> str:
+        name = f"g{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def as_numpy(operand: tuple[str, int, Any]) -> str:
+        text, held, dtype = operand
+        return text if held == _NUMPY else f"{bind(dtype.type)}({text})"
+
+    def as_python(operand: tuple[str, int, Any]) -> str:
+        text, held, _ = operand
+        return text if held == _PYTHON else f"float({text})"
+
+    def write(op: Op, operands: list[tuple[str, int, Any]]) -> tuple[str, int, Any]:
+        nonlocal quiet, steps
+        result, steps = f"r{steps}", steps + 1
+        form = _float64_step(op, operands)
+        if form is None:
+            quiet = True
+            value = op.row._host_source(op, list(map(as_numpy, operands)), bind)
+            lines.append(f"{result} = {value}")
+            return result, _NUMPY, op.dtype
+        args = list(map(as_python, operands))
+        value = form.format(*args)
+        if op.dtype == _BOOL:  # a comparison: no NaN
+            lines.append(f"{result} = {value}")
+            return result, _PYTHON, _BOOL
+        if op.name == "divide":  # Python refuses a zero divisor: a NaN here, so the ufunc's
+            value = f"{value} if {args[1]} else {bind(float('nan'))}"
+        lines.append(f"{result} = {value}")
+        lines.append(f"if {result} != {result}:  # a NaN: the ufunc's own bits")
+        lines.append(f"    {result} = {bind(_quiet_recompute(op))}({', '.join(args)})")
+        return result, _PYTHON, _F8
+
+    sources = [(f"s[{i}]", _HOST if kind[0] == "leaf" else _NUMPY,
+                kind[1] if isinstance(kind[1], np.dtype) else None)
+               for i, kind in enumerate(plan.leaf_kinds)]
+    root = fold_plan(plan, sources, write)
+    source = "\n".join(["def run(s):", *(f"    {line}" for line in lines),
+                        f"    return {root[0]}"])
+    exec(source, namespace)  # noqa: S102 - only names, subscripts and operators: see `bind`
+    run = namespace["run"]
+    return (np.errstate(all="ignore")(run) if quiet else run), root[1] == _PYTHON
