@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import threading
 import weakref
@@ -898,15 +899,20 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
 # whole function quiet, as `evaluate_plan` always was.
 
 #: float64 ufunc (its loop reads float64 operands) -> the Python float operation that is its
-#: loop's IEEE 754 operation (``{}``: the operands), and the loop's output dtype.
+#: loop's IEEE 754 operation (``{0}``, ``{1}``: the operands), and the loop's output dtype. Where
+#: Python cannot give the IEEE result (a zero divisor, the square root of a negative) or the
+#: result is not fixed by the values (the maximum of 0.0 and -0.0), the form gives ``nan``: the
+#: ufunc's value is taken, as for every NaN.
 FLOAT64_OPERATIONS: dict[str, tuple[str, np.dtype]] = {
     **{name: (form, np.dtype(np.float64)) for name, form in (
-        ("add", "{} + {}"), ("subtract", "{} - {}"), ("multiply", "{} * {}"),
-        ("divide", "{} / {}"), ("negative", "-{}"), ("positive", "+{}"),
-        ("absolute", "abs({})"))},
+        ("add", "{0} + {1}"), ("subtract", "{0} - {1}"), ("multiply", "{0} * {1}"),
+        ("divide", "{0} / {1} if {1} else nan"), ("negative", "-{0}"), ("positive", "+{0}"),
+        ("absolute", "abs({0})"), ("sqrt", "sqrt({0}) if {0} >= 0.0 else nan"),
+        ("maximum", "{0} if {0} > {1} else {1} if {1} > {0} else nan"),
+        ("minimum", "{0} if {0} < {1} else {1} if {1} < {0} else nan"))},
     **{name: (form, np.dtype(np.bool_)) for name, form in (
-        ("less", "{} < {}"), ("less_equal", "{} <= {}"), ("greater", "{} > {}"),
-        ("greater_equal", "{} >= {}"), ("equal", "{} == {}"), ("not_equal", "{} != {}"))},
+        ("less", "{0} < {1}"), ("less_equal", "{0} <= {1}"), ("greater", "{0} > {1}"),
+        ("greater_equal", "{0} >= {1}"), ("equal", "{0} == {1}"), ("not_equal", "{0} != {1}"))},
 }
 _F8, _BOOL = np.dtype(np.float64), np.dtype(np.bool_)
 #: How a compiled step's operand is held: as `fold_plan` gives it (a NumPy value), as a leaf's
@@ -964,7 +970,7 @@ def _quiet_recompute(op: Op) -> Callable[..., float]:
 
 def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
     """Write ``run(s)`` for ``plan`` with `fold_plan` (see `host_program`) and compile it."""
-    namespace: dict[str, Any] = {"float": float}
+    namespace: dict[str, Any] = {"float": float, "nan": math.nan, "sqrt": math.sqrt}
     lines: list[str] = []
     steps = 0
     quiet = False  # whether a step may warn: then the whole function runs quiet
@@ -992,12 +998,14 @@ def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]
             lines.append(f"{result} = {value}")
             return result, _NUMPY, op.dtype
         args = list(map(as_python, operands))
+        for j, arg in enumerate(args):
+            if not arg.isidentifier():  # a conversion: made once, into a local
+                lines.append(f"{result}_{j} = {arg}")
+                args[j] = f"{result}_{j}"
         value = form.format(*args)
         if op.dtype == _BOOL:  # a comparison: no NaN
             lines.append(f"{result} = {value}")
             return result, _PYTHON, _BOOL
-        if op.name == "divide":  # Python refuses a zero divisor: a NaN here, so the ufunc's
-            value = f"{value} if {args[1]} else {bind(float('nan'))}"
         lines.append(f"{result} = {value}")
         lines.append(f"if {result} != {result}:  # a NaN: the ufunc's own bits")
         lines.append(f"    {result} = {bind(_quiet_recompute(op))}({', '.join(args)})")
