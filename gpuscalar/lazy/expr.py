@@ -894,9 +894,12 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
 # float operation, which is the same operation: its result is unique unless it is a NaN (IEEE
 # fixes every other bit: the correctly rounded value and the sign of a zero), so only a NaN
 # result (or a division by zero, which Python refuses) is computed again by the ufunc, whose NaN
-# bits are the result. A function of such steps alone runs without ``np.errstate`` (Python's
-# float arithmetic never warns; the recomputation is quiet on its own); any other step makes the
-# whole function quiet, as `evaluate_plan` always was.
+# bits are the result (two NaN operands give either one's bits, by the machine code: CPython's
+# generic and specialized float additions differ there, and so do NumPy's scalar math and its
+# loops). A function of such steps alone runs without ``np.errstate`` (Python's float
+# arithmetic never warns; the recomputation is quiet on its own); any other step makes the
+# whole function quiet, as `evaluate_plan` always was, and there float32 and complex steps run
+# as NumPy's scalar operators, on the same terms.
 
 #: float64 ufunc (its loop reads float64 operands) -> the Python float operation that is its
 #: loop's IEEE 754 operation (``{0}``, ``{1}``: the operands), and the loop's output dtype. Where
@@ -915,6 +918,22 @@ FLOAT64_OPERATIONS: dict[str, tuple[str, np.dtype]] = {
         ("greater_equal", "{0} >= {1}"), ("equal", "{0} == {1}"), ("not_equal", "{0} != {1}"))},
 }
 _F8, _BOOL = np.dtype(np.float64), np.dtype(np.bool_)
+_F4, _C8, _C16 = np.dtype(np.float32), np.dtype(np.complex64), np.dtype(np.complex128)
+#: ufunc -> the NumPy scalar operator that is its loop on NumPy scalars of the loop's dtype
+#: (NumPy's scalar math: the same IEEE 754 operation in that dtype, warning as the ufunc does,
+#: so in a quiet function only), the dtypes it serves (float32, and the complex dtypes where the
+#: operation is one per component) and whether it compares (a bool). A NaN is the ufunc's.
+SCALAR_OPERATIONS: dict[str, tuple[str, frozenset[np.dtype], bool]] = {
+    **{name: (form, frozenset((_F4, _C8, _C16)), compares) for name, form, compares in (
+        ("add", "{0} + {1}", False), ("subtract", "{0} - {1}", False),
+        ("negative", "-{0}", False), ("positive", "+{0}", False),
+        ("equal", "{0} == {1}", True), ("not_equal", "{0} != {1}", True))},
+    **{name: (form, frozenset((_F4,)), compares) for name, form, compares in (
+        ("multiply", "{0} * {1}", False), ("divide", "{0} / {1}", False),
+        ("absolute", "abs({0})", False), ("less", "{0} < {1}", True),
+        ("less_equal", "{0} <= {1}", True), ("greater", "{0} > {1}", True),
+        ("greater_equal", "{0} >= {1}", True))},
+}
 #: How a compiled step's operand is held: as `fold_plan` gives it (a NumPy value), as a leaf's
 #: host value (a Python number, NumPy scalar or 0-d array of the leaf's dtype), or as a Python
 #: float or bool (a float64 step's result).
@@ -957,6 +976,19 @@ def _float64_step(op: Op, operands: list[tuple[str, int, Any]]) -> str | None:
     return row[0]
 
 
+def _scalar_step(op: Op, operands: list[tuple[str, int, Any]]) -> str | None:
+    """The NumPy scalar operator that is ``op``'s loop (`SCALAR_OPERATIONS`), if its operands
+    and loop are all of one dtype it serves, else None."""
+    row = SCALAR_OPERATIONS.get(op.name) if op.kind == "ufunc" else None
+    if row is None or len(set(op.in_dtypes)) != 1 or op.in_dtypes[0] not in row[1]:
+        return None
+    dtype = op.in_dtypes[0]
+    if op.out_dtypes != ((_BOOL if row[2] else dtype),) or \
+            any(d != dtype for _, _, d in operands):
+        return None
+    return row[0]
+
+
 def _quiet_recompute(op: Op) -> Callable[..., float]:
     """``op`` (a float64 step) on Python floats, by its NumPy loop, quiet: its NaN's bits."""
     on_host, float64 = op.row.on_host, np.float64
@@ -966,6 +998,12 @@ def _quiet_recompute(op: Op) -> Callable[..., float]:
         return float(on_host(op, [float64(x) for x in operands]))
 
     return recompute
+
+
+def _recompute(op: Op) -> Callable[..., Any]:
+    """``op`` on NumPy scalars by its NumPy loop (called in a quiet function): its NaN."""
+    on_host = op.row.on_host
+    return lambda *operands: on_host(op, list(operands))
 
 
 def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
@@ -994,14 +1032,18 @@ def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]
         form = _float64_step(op, operands)
         if form is None:
             quiet = True
-            value = op.row._host_source(op, list(map(as_numpy, operands)), bind)
-            lines.append(f"{result} = {value}")
+            form = _scalar_step(op, operands)
+            args = list(map(as_numpy, operands))
+            if form is None:
+                lines.append(f"{result} = {op.row._host_source(op, args, bind)}")
+                return result, _NUMPY, op.dtype
+            args = once(args, result)
+            lines.append(f"{result} = {form.format(*args)}")
+            if op.dtype != _BOOL:
+                lines.append(f"if {result} != {result}:  # a NaN: the ufunc's own bits")
+                lines.append(f"    {result} = {bind(_recompute(op))}({', '.join(args)})")
             return result, _NUMPY, op.dtype
-        args = list(map(as_python, operands))
-        for j, arg in enumerate(args):
-            if not arg.isidentifier():  # a conversion: made once, into a local
-                lines.append(f"{result}_{j} = {arg}")
-                args[j] = f"{result}_{j}"
+        args = once(list(map(as_python, operands)), result)
         value = form.format(*args)
         if op.dtype == _BOOL:  # a comparison: no NaN
             lines.append(f"{result} = {value}")
@@ -1010,6 +1052,14 @@ def _compile_host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]
         lines.append(f"if {result} != {result}:  # a NaN: the ufunc's own bits")
         lines.append(f"    {result} = {bind(_quiet_recompute(op))}({', '.join(args)})")
         return result, _PYTHON, _F8
+
+    def once(args: list[str], result: str) -> list[str]:
+        """Each operand that is a conversion made once, into a local."""
+        for j, arg in enumerate(args):
+            if not arg.isidentifier():
+                lines.append(f"{result}_{j} = {arg}")
+                args[j] = f"{result}_{j}"
+        return args
 
     sources = [(f"s[{i}]", _HOST if kind[0] == "leaf" else _NUMPY,
                 kind[1] if isinstance(kind[1], np.dtype) else None)
