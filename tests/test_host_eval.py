@@ -1,6 +1,7 @@
-"""The compiled host evaluator (`expr.host_program`): `expr.fold_plan`'s NumPy evaluation, bit
-for bit, with float64 steps run as Python float operations (a NaN result, or a zero divisor,
-computed again by the ufunc), no warnings, the same dtypes and Python types."""
+"""The compiled host evaluator (`expr.host_program`, `gpuscalar.lazy.hostprogram`):
+`expr.fold_plan`'s NumPy evaluation, bit for bit, with float64 steps run as Python float
+operations and float32 and complex ones as NumPy's scalar operators (a NaN result, or a zero
+divisor, computed again by the ufunc), no warnings, the same dtypes and Python types."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import gpuscalar as gs
 from gpuscalar import known, reads
-from gpuscalar.lazy import expr, keytable
+from gpuscalar.lazy import expr, hostprogram, keytable
 
 from . import recipes
 from .cupy_fake import cupy_or_fail
@@ -86,18 +87,18 @@ def _leaf(dtype: np.dtype = F8) -> np.ndarray:
 
 def _step_node(name: str, children: tuple[Any, ...]) -> expr.Node:
     arity = len(children)
-    out = BOOL if expr.FLOAT64_OPERATIONS[name][1] == BOOL else F8
+    out = BOOL if hostprogram.FLOAT64_OPERATIONS[name][1] == BOOL else F8
     return expr.make_node(expr.get_op("ufunc", name, (F8,) * arity, (out,)), children)
 
 
-@pytest.mark.parametrize("name", sorted(expr.FLOAT64_OPERATIONS))
+@pytest.mark.parametrize("name", sorted(hostprogram.FLOAT64_OPERATIONS))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=floats64, b=floats64, form=st.sampled_from(["python", "numpy", "array"]))
 def test_every_python_float_step_gives_the_ufuncs_bits(name, a, b, form):
     """Each float64 step run as a Python float operation: the ufunc's bits for every pair of
     values (NaNs of any payload, infinities, signed zeros, subnormals), whichever form the
     leaf's host value takes (a read's Python float, a NumPy scalar, a host array)."""
-    arity = 2 if "{1}" in expr.FLOAT64_OPERATIONS[name][0] else 1
+    arity = 2 if "{1}" in hostprogram.FLOAT64_OPERATIONS[name][0] else 1
     value = {"python": a, "numpy": np.float64(a), "array": np.asarray(a)}[form]
     for children, sources in (((_leaf(), _leaf())[:arity], [value, b][:arity]),
                               ((_leaf(), np.float64(b))[:arity], [value, np.float64(b)][:arity])):
@@ -106,13 +107,13 @@ def test_every_python_float_step_gives_the_ufuncs_bits(name, a, b, form):
         assert_same(plan, sources)
 
 
-@pytest.mark.parametrize("name", sorted(expr.FLOAT64_OPERATIONS))
+@pytest.mark.parametrize("name", sorted(hostprogram.FLOAT64_OPERATIONS))
 def test_every_python_float_step_on_every_pair_of_special_values(name, monkeypatch):
     """The same on every pair of `SPECIAL` values, each by a program compiled afresh and run
     once, then by one run many times: CPython adds two floats in its generic code at first
     and in its specialized instruction later, which give different NaNs for two NaNs (the
     ufunc gives it)."""
-    arity = 2 if "{1}" in expr.FLOAT64_OPERATIONS[name][0] else 1
+    arity = 2 if "{1}" in hostprogram.FLOAT64_OPERATIONS[name][0] else 1
     plan = expr.plan_of(_step_node(name, (_leaf(), _leaf())[:arity]))
     pairs = [[a, b][:arity] for a in SPECIAL for b in SPECIAL[:len(SPECIAL) if arity == 2 else 1]]
     for pair in pairs:
@@ -138,7 +139,7 @@ def test_chains_of_python_float_steps_give_the_folds_bits(values, names, last):
                               (node, np.float64(0.5)))
         assert not expr.host_program(expr.plan_of(node))[1]
     else:
-        arity = 2 if "{1}" in expr.FLOAT64_OPERATIONS[last][0] else 1
+        arity = 2 if "{1}" in hostprogram.FLOAT64_OPERATIONS[last][0] else 1
         node = _step_node(last, (node, np.float64(0.5))[:arity])
     assert_same(expr.plan_of(node), [*values, np.float64(0.5)][:len(expr.leaves_of(node))])
 
@@ -155,7 +156,7 @@ SPECIAL32 = [_bits32(b) for b in (0x7FC00000, 0xFFC00000, 0x7FC00123, 0xFF800456
 floats32 = st.one_of(st.sampled_from(SPECIAL32), st.floats(width=32),
                      st.integers(0, 2**32 - 1).map(_bits32))
 SCALAR_CASES = sorted((name, dtype.name) for name, (_, dtypes, _) in
-                      expr.SCALAR_OPERATIONS.items() for dtype in dtypes)
+                      hostprogram.SCALAR_OPERATIONS.items() for dtype in dtypes)
 
 
 def _scalar_value(dtype: np.dtype, data: Any) -> Any:
@@ -173,7 +174,7 @@ def test_every_numpy_scalar_step_gives_the_ufuncs_bits(name, dtype, data):
     """float32 and complex steps run as NumPy's scalar operators (in a quiet function): the
     ufunc's bits for every pair of values, NaNs of any payload included (the ufunc's)."""
     d = np.dtype(dtype)
-    form, _, compares = expr.SCALAR_OPERATIONS[name]
+    form, _, compares = hostprogram.SCALAR_OPERATIONS[name]
     arity = 2 if "{1}" in form else 1
     op = expr.get_op("ufunc", name, (d,) * arity, (BOOL if compares else d,))
     plan = expr.plan_of(expr.make_node(op, (_leaf(d), _leaf(d))[:arity]))
@@ -187,7 +188,7 @@ def test_every_numpy_scalar_step_gives_the_ufuncs_bits(name, dtype, data):
 @pytest.mark.parametrize(("name", "dtype"), SCALAR_CASES)
 def test_every_numpy_scalar_step_on_every_pair_of_special_values(name, dtype):
     d = np.dtype(dtype)
-    form, _, compares = expr.SCALAR_OPERATIONS[name]
+    form, _, compares = hostprogram.SCALAR_OPERATIONS[name]
     arity = 2 if "{1}" in form else 1
     op = expr.get_op("ufunc", name, (d,) * arity, (BOOL if compares else d,))
     plan = expr.plan_of(expr.make_node(op, (_leaf(d), _leaf(d))[:arity]))
@@ -251,7 +252,7 @@ def test_the_fast_path_runs_python_floats_and_the_ufunc_only_for_a_nan(monkeypat
     """``k * 2.0 + 1.0`` on a known float64 runs no NumPy call (only Python floats), unless a
     step's result is a NaN or a divisor is zero: then that step's ufunc gives it."""
     calls: list[str] = []
-    original = expr._quiet_recompute
+    original = hostprogram._quiet_recompute
 
     def counted(op: expr.Op) -> Any:
         recompute = original(op)
@@ -262,7 +263,7 @@ def test_the_fast_path_runs_python_floats_and_the_ufunc_only_for_a_nan(monkeypat
 
         return run
 
-    monkeypatch.setattr(expr, "_quiet_recompute", counted)
+    monkeypatch.setattr(hostprogram, "_quiet_recompute", counted)
     monkeypatch.setattr(expr, "_HOST_PROGRAMS", {})
     node = _step_node("divide", (_step_node("add", (_step_node("multiply", (
         _leaf(), np.float64(2.0))), np.float64(1.0))), _leaf()))
@@ -373,13 +374,13 @@ def test_known_reads_on_cupy_arrays_run_on_the_host(cupy_device):
 
 def test_a_structure_is_compiled_once_for_all_its_reads(xp, monkeypatch):
     compiles: list[int] = []
-    original = expr._compile_host_program
+    original = hostprogram.compile_host_program
 
-    def counted(plan: expr.Plan) -> Any:
+    def counted(plan: expr.Plan, walk: Any) -> Any:
         compiles.append(plan.key)
-        return original(plan)
+        return original(plan, walk)
 
-    monkeypatch.setattr(expr, "_compile_host_program", counted)
+    monkeypatch.setattr(hostprogram, "compile_host_program", counted)
     monkeypatch.setattr(expr, "_HOST_PROGRAMS", {})
     k = gs.sum(xp.asarray([0.5]))
     float(k)
