@@ -95,10 +95,14 @@ def remember(array: Any, value: Any) -> None:
 
 def value_of(array: Any) -> Any:
     """The host value registered for ``array``, or `UNREAD`."""
-    entry = _KNOWN.get(id(array))
+    entry = _KNOWN_GET(id(array))
     if entry is None or entry[0]() is not array:
         return UNREAD
     return entry[1]
+
+
+_KNOWN_GET = _KNOWN.get  # (bound once: `_KNOWN` is only ever cleared, never replaced)
+_GENERIC = np.generic
 
 
 def unread_positions(leaves: list[Any]) -> list[int]:
@@ -106,18 +110,21 @@ def unread_positions(leaves: list[Any]) -> list[int]:
     whose value is not registered, each array once: what a read must bring back. (`value_of`
     written out: this runs for every leaf of every pending read.)"""
     found: list[int] = []
-    seen: set[int] = set()
-    get, generic = _KNOWN.get, np.generic
+    seen: set[int] | None = None  # the unregistered arrays met (made at the first one)
     for position, leaf in enumerate(leaves):
-        if isinstance(leaf, generic):  # a constant: in the expression itself
+        if isinstance(leaf, _GENERIC):  # a constant: in the expression itself
             continue
         key = id(leaf)
-        if key in seen:
+        entry = _KNOWN_GET(key)
+        if entry is not None and entry[0]() is leaf:
             continue
-        seen.add(key)
-        entry = get(key)
-        if entry is None or entry[0]() is not leaf:
-            found.append(position)
+        if seen is None:
+            seen = {key}
+        elif key in seen:
+            continue
+        else:
+            seen.add(key)
+        found.append(position)
     return found
 
 

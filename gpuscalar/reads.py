@@ -13,25 +13,47 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import ledger, sync
-from .known import UNREAD, python_value, remember, unread_positions, value_of
+from .known import _KNOWN, UNREAD, python_value, remember, unread_positions
 from .lazy import expr, fusion
 
 __all__ = ["read_pending", "known_result"]
 
 
-def _on_host(node: expr.Node, leaves: list[Any]) -> Any:
-    """The value of ``node`` from its leaves' known values, with NumPy: the float path's."""
-    value = expr.evaluate_plan(expr.plan_of(node), leaves,
-                               lambda leaf: leaf.dtype.type(value_of(leaf)))
-    return python_value(value)
-
-
 def known_result(node: expr.Node) -> Any:
     """The host value of ``node`` if every leaf's value is known (computed on the host, no
     sync), else `UNREAD`: a scalar materialized from known values is known too."""
-    leaves = expr.leaves_of(node)
-    return UNREAD if unread_positions(leaves) else _on_host(node, leaves)
+    values = _known_values(expr.leaves_of(node))
+    return UNREAD if values is None else _evaluated(node, values)
+
+
+def _evaluated(node: expr.Node, values: list[Any]) -> Any:
+    """``node`` on its leaves' host ``values`` (the constants as they are) by its structure's
+    compiled host evaluator (`expr.host_program`: the float path's numbers), as a Python
+    number."""
+    run, gives_python = _host_program_of(node)
+    value = run(values)
+    return value if gives_python else python_value(value)
+
+
+def _known_values(leaves: list[Any]) -> list[Any] | None:
+    """The host values of ``leaves`` (the constants as they are), or None if one is not
+    known (`gpuscalar.known.value_of`, written out: this runs for every leaf of every read)."""
+    values: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, _GENERIC):
+            values.append(leaf)
+            continue
+        entry = _KNOWN_GET(id(leaf))
+        if entry is None or entry[0]() is not leaf:
+            return None
+        values.append(entry[1])
+    return values
+
+
+_KNOWN_GET, _GENERIC, _host_program_of = _KNOWN.get, np.generic, expr.host_program_of
 
 
 def read_pending(scalar: Any, reason: str) -> Any:
@@ -47,19 +69,22 @@ def read_pending(scalar: Any, reason: str) -> Any:
     if node is None:  # materialized meanwhile by another thread
         return scalar._host_value(reason)
     leaves = expr.leaves_of(node)
-    unknown = unread_positions(leaves)
-    if not unknown:
-        return _on_host(node, leaves)
-    extras = tuple(unknown)
+    values = _known_values(leaves)  # (stops at the first unknown leaf)
+    if values is not None:
+        return _evaluated(node, values)
+    # the unknown leaves (each once); every device leaf where another thread's forget_all
+    # emptied the registry between the two looks
+    extras = tuple(unread_positions(leaves) or [
+        i for i, leaf in enumerate(leaves) if not isinstance(leaf, _GENERIC)])
     sync.admit(reason)  # the guard first: a refused read launches nothing
     array, packed = scalar._executor.read(node, scalar._device, extras)
     if packed is None:
         host = sync.to_host(scalar._backend, array, None)
     else:  # packed: the value, then each unknown leaf
-        values = fusion.unpack(sync.to_host(scalar._backend, packed, None),
-                               [node.op.dtype, *[leaves[i].dtype for i in extras]])
-        host = values[0]
-        for index, value in zip(extras, values[1:], strict=True):
+        unpacked = fusion.unpack(sync.to_host(scalar._backend, packed, None),
+                                 [node.op.dtype, *[leaves[i].dtype for i in extras]])
+        host = unpacked[0]
+        for index, value in zip(extras, unpacked[1:], strict=True):
             remember(leaves[index], value)
     if scalar._array is None and not ledger.in_loop_body():  # publish, as scalar._materialize
         scalar._array, scalar._node = array, None

@@ -136,3 +136,13 @@ def test_every_thread_using_an_incoming_array_waits_for_it():
         thread.join()
     assert seen == [7.0] * 4
     assert id(buffer) not in known.INCOMING
+
+
+def test_unread_positions_name_each_unregistered_array_once_and_skip_constants():
+    a, b, c = np.zeros(()), np.zeros(()), np.zeros(())
+    known.remember(b, 2.0)
+    leaves = [a, np.float64(1.0), b, a, c, b, np.int64(3), c]
+    assert known.unread_positions(leaves) == [0, 4]
+    known.remember(a, 1.0)
+    assert known.unread_positions(leaves) == [4]
+    assert known.unread_positions([b, np.float64(0.0), b]) == []

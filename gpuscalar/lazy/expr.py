@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import caches, keytable
+from . import caches, hostprogram, keytable
 from .caches import DEFAULT_CACHE_SIZE, BoundedCache, cache_size, set_cache_size
 from .keytable import KEY_STRUCTURE as _KEY_STRUCTURE
 from .keytable import KEYS as _KEYS
@@ -106,6 +106,8 @@ __all__ = [
     "evaluate",
     "evaluate_on_host",
     "evaluate_plan",
+    "host_program",
+    "host_program_of",
     "lazy",
     "is_lazy",
 ]
@@ -566,6 +568,13 @@ class OpKind:
         """The op with NumPy on host values, as the eager operation runs it (`fold_plan`)."""
         raise NotImplementedError
 
+    def _host_source(self, op: Op, operands: list[str], bind: Callable[[Any], str]) -> str:
+        """`on_host` as a Python expression over ``operands`` (Python expressions giving what
+        `fold_plan` gives it), for the compiled host evaluator (`host_program`); ``bind(x)``
+        names an object for that text. Not a column: this default, the call of `on_host`
+        itself, serves every kind; a kind may write its call out."""
+        return f"{bind(self.on_host)}({bind(op)}, [{', '.join(operands)}])"
+
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
         """The op as ``backend``'s eager call on ``args`` (as `codegen.unfused_args` gives
         them), for a tree CuPy cannot fuse; the caller casts the value to ``op.dtype``."""
@@ -590,6 +599,11 @@ class UfuncKind(OpKind):
     def on_host(self, op: Op, args: list[Any]) -> Any:
         result = getattr(np, op.name)(*args, signature=op.signature, casting="unsafe")
         return result[op.output] if len(op.out_dtypes) > 1 else result
+
+    def _host_source(self, op: Op, operands: list[str], bind: Callable[[Any], str]) -> str:
+        call = (f"{bind(getattr(np, op.name))}({', '.join(operands)}, "
+                f"signature={bind(op.signature)}, casting='unsafe')")  # `on_host`, written out
+        return f"{call}[{op.output}]" if len(op.out_dtypes) > 1 else call
 
     def replay(self, backend: Any, op: Op, args: list[Any]) -> Any:
         value = backend.call(backend.ufunc(op.name), *args)
@@ -690,9 +704,10 @@ def fold_plan(plan: Plan, sources: list[Any],
     """THE walk of an expression: ``plan``'s steps in order, ``apply(op, operands)`` on each
     (its operands being ``sources``, the leaves' values in plan order, and earlier steps'
     results); returns the last result. The host evaluator applies NumPy here (``apply`` None:
-    each op's `OpKind.on_host`, called from the walk itself, as it is hot), the eager replay
-    (`gpuscalar.lazy.fusion`) calls the backend and the code generator
-    (`gpuscalar.lazy.codegen`) writes C, so all read a tree in the same order."""
+    each op's `OpKind.on_host`, called from the walk itself; `evaluate`), its compiled form
+    (`host_program`) writes Python, the eager replay (`gpuscalar.lazy.fusion`) calls the
+    backend and the code generator (`gpuscalar.lazy.codegen`) writes C, so all read a tree in
+    the same order."""
     results: list[Any] = []
     for op, refs in plan.steps:
         operands = [sources[r] if r >= 0 else results[~r] for r in refs]
@@ -720,5 +735,35 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
                   host_data: Callable[[Any], Any]) -> np.ndarray:
     """`evaluate_on_host` for a plan and the leaves of an expression of its structure."""
     sources = [v if isinstance(v, np.generic) else host_data(v) for v in leaves]
-    with np.errstate(all="ignore"):
-        return np.asarray(fold_plan(plan, sources))
+    return np.asarray(host_program(plan)[0](sources))
+
+
+# ---- the host evaluator, compiled per structure (`gpuscalar.lazy.hostprogram`) -----------------
+
+#: structure key -> its compiled host evaluator (`host_program`); bounded by `cache_size`
+#: (emptied when full, and at each sweep of the key table, as the leaf readers).
+_HOST_PROGRAMS: dict[int, tuple[Callable[[list[Any]], Any], bool]] = {}
+keytable.FORGOTTEN_AT_SWEEP.append(_HOST_PROGRAMS)
+caches.DERIVED.append(_HOST_PROGRAMS)
+
+
+def host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
+    """``(run, gives_python)``: ``run(sources)`` is `fold_plan`'s host evaluation of ``plan``
+    under ``np.errstate(all="ignore")``, bit for bit, ``sources`` being the leaves' host
+    values (Python numbers, NumPy scalars or 0-d arrays of the leaves' dtypes) and the
+    constants; its value is a NumPy value of the root's dtype, or, where ``gives_python``, the
+    Python float or bool of that value. Compiled once per structure, by
+    `gpuscalar.lazy.hostprogram` over `fold_plan`: the float path's numbers, cheaply."""
+    program = _HOST_PROGRAMS.get(plan.key)
+    if program is None:
+        program = hostprogram.compile_host_program(plan, fold_plan)
+        if len(_HOST_PROGRAMS) >= caches.cache_size():
+            _HOST_PROGRAMS.clear()
+        _HOST_PROGRAMS[plan.key] = program
+    return program
+
+
+def host_program_of(root: Node) -> tuple[Callable[[list[Any]], Any], bool]:
+    """`host_program` of ``root``'s structure (one dict lookup once compiled)."""
+    program = _HOST_PROGRAMS.get(root[KEY])
+    return program if program is not None else host_program(plan_of(root))
