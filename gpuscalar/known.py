@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UNREAD", "remember", "value_of", "unread_positions", "mark_live", "python_value",
-           "forget_all",
-           "size", "expect", "arrive", "INCOMING"]
+__all__ = ["UNREAD", "remember", "value_of", "known_values", "unread_positions", "mark_live",
+           "python_value", "forget_all", "size", "expect", "arrive", "INCOMING"]
 
 
 class _Unread:
@@ -103,6 +102,22 @@ def value_of(array: Any) -> Any:
 
 _KNOWN_GET = _KNOWN.get  # (bound once: `_KNOWN` is only ever cleared, never replaced)
 _GENERIC = np.generic
+
+
+def known_values(leaves: list[Any]) -> list[Any] | None:
+    """The host values of ``leaves`` (an expression's leaves and constants; the constants as
+    they are), or None at the first leaf whose value is not registered. (`value_of` written
+    out: this runs for every leaf of every read.)"""
+    values: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, _GENERIC):
+            values.append(leaf)
+            continue
+        entry = _KNOWN_GET(id(leaf))
+        if entry is None or entry[0]() is not leaf:
+            return None
+        values.append(entry[1])
+    return values
 
 
 def unread_positions(leaves: list[Any]) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger, sync
-from .known import _KNOWN, UNREAD, python_value, remember, unread_positions
+from .known import UNREAD, known_values, python_value, remember, unread_positions
 from .lazy import expr, fusion
 
 __all__ = ["read_pending", "known_result"]
@@ -25,7 +25,7 @@ __all__ = ["read_pending", "known_result"]
 def known_result(node: expr.Node) -> Any:
     """The host value of ``node`` if every leaf's value is known (computed on the host, no
     sync), else `UNREAD`: a scalar materialized from known values is known too."""
-    values = _known_values(expr.leaves_of(node))
+    values = known_values(expr.leaves_of(node))
     return UNREAD if values is None else _evaluated(node, values)
 
 
@@ -38,22 +38,7 @@ def _evaluated(node: expr.Node, values: list[Any]) -> Any:
     return value if gives_python else python_value(value)
 
 
-def _known_values(leaves: list[Any]) -> list[Any] | None:
-    """The host values of ``leaves`` (the constants as they are), or None if one is not
-    known (`gpuscalar.known.value_of`, written out: this runs for every leaf of every read)."""
-    values: list[Any] = []
-    for leaf in leaves:
-        if isinstance(leaf, _GENERIC):
-            values.append(leaf)
-            continue
-        entry = _KNOWN_GET(id(leaf))
-        if entry is None or entry[0]() is not leaf:
-            return None
-        values.append(entry[1])
-    return values
-
-
-_KNOWN_GET, _GENERIC, _host_program_of = _KNOWN.get, np.generic, expr.host_program_of
+_GENERIC, _host_program_of = np.generic, expr.host_program_of
 
 
 def read_pending(scalar: Any, reason: str) -> Any:
@@ -69,7 +54,7 @@ def read_pending(scalar: Any, reason: str) -> Any:
     if node is None:  # materialized meanwhile by another thread
         return scalar._host_value(reason)
     leaves = expr.leaves_of(node)
-    values = _known_values(leaves)  # (stops at the first unknown leaf)
+    values = known_values(leaves)  # (stops at the first unknown leaf)
     if values is not None:
         return _evaluated(node, values)
     # the unknown leaves (each once); every device leaf where another thread's forget_all

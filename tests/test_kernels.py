@@ -111,7 +111,10 @@ CLASS_VARIANTS = list(itertools.product(CLASS_CONFIGS, KERNEL_DTYPES,
                                         ("numbers", "gpuscalars", "pending"), (False, True)))
 
 
-def _class_kernel(config: str, dtype: str, hyper: str, has_skip: bool) -> tuple[str, str]:
+def class_kernel(config: str, dtype: str, hyper: str, has_skip: bool) -> tuple[str, str]:
+    """The multi-tensor kernel (source, name) an optimizer class of ``config`` launches over
+    ``dtype``, its hyperparameters Python numbers, GPUScalars or pending expressions (``hyper``),
+    its kinds routed by `route` (also tests/test_optim_kernel_texts.py's digests)."""
     cls, kwargs = CLASS_CONFIGS[config]
     opt = cls([np.zeros(3, dtype)], **kwargs)
     if hyper == "gpuscalars":  # one scalar dtype per hyperparameter, cycling
@@ -137,7 +140,7 @@ def _class_kernel(config: str, dtype: str, hyper: str, has_skip: bool) -> tuple[
     ids=[f"{c}-{d}-{h}-{'skip' if s else 'noskip'}" for c, d, h, s in CLASS_VARIANTS],
 )
 def test_multi_tensor_kernel_compiles(nvrtc, config, dtype, hyper, has_skip):
-    source, name = _class_kernel(config, dtype, hyper, has_skip)
+    source, name = class_kernel(config, dtype, hyper, has_skip)
     assert name.endswith("_mt")
     ptx = _compile(nvrtc, source, f"{name}.cu")
     assert f".entry {name}" in ptx
@@ -158,7 +161,7 @@ def test_multi_tensor_kernel_compiles(nvrtc, config, dtype, hyper, has_skip):
 
 
 def test_class_variants_cover_every_program():
-    programs = {_class_kernel(c, "float32", "numbers", False)[1] for c in CLASS_CONFIGS}
+    programs = {class_kernel(c, "float32", "numbers", False)[1] for c in CLASS_CONFIGS}
     assert programs == {f"gpuscalar_{p.name}_float32_mt" for p in PROGRAMS}
 
 

@@ -100,27 +100,9 @@ def _kind_rows(program: Program, pending: list[object]) -> list[list[object]]:
 
 def _class_sources(config: str) -> list[tuple[str, str]]:
     """The multi-tensor kernels an optimizer class launches, its kinds routed by `route`."""
-    sources = []
-    for dtype, hyper, has_skip in itertools.product(
-            KERNEL_DTYPES, ("numbers", "gpuscalars", "pending"), (False, True)):
-        cls, kwargs = CLASS_CONFIGS[config]
-        opt = cls([np.zeros(3, dtype)], **kwargs)
-        if hyper == "gpuscalars":
-            dtypes = itertools.cycle(("float32", "float64", "int64", "int32"))
-            for name in opt._hyperparameters:
-                value = getattr(opt, name)
-                if isinstance(value, tuple):
-                    setattr(opt, name, tuple(gs.asscalar(v, dtype=next(dtypes)) for v in value))
-                elif name != "momentum" or value:
-                    setattr(opt, name, gs.asscalar(value, dtype=next(dtypes)))
-        skip: object = has_skip
-        if hyper == "pending":
-            opt.lr = 0.01 * gs.minimum(1.0, (opt.step_count + 1) / 100) * gs.cos(opt.step_count)
-            if has_skip:
-                skip = executors.route(~gs.isfinite(gs.asscalar(1.0) / opt.step_count))[0]
-        kinds = [executors.route(value)[0] for value in opt._scalars()]
-        sources.append(kernel_source(opt._program, dtype, kinds, skip, multi_tensor=True))
-    return sources
+    return [test_kernels.class_kernel(config, dtype, hyper, has_skip)
+            for dtype, hyper, has_skip in itertools.product(
+                KERNEL_DTYPES, ("numbers", "gpuscalars", "pending"), (False, True))]
 
 
 def _digest(sources: list[tuple[str, str]]) -> tuple[str, int]:

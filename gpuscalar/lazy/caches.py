@@ -19,7 +19,8 @@ from typing import Any
 
 from . import keytable
 
-__all__ = ["BoundedCache", "DEFAULT_CACHE_SIZE", "DERIVED", "cache_size", "set_cache_size"]
+__all__ = ["BoundedCache", "DEFAULT_CACHE_SIZE", "DERIVED", "cache_size", "derived", "keep",
+           "set_cache_size"]
 
 #: Default bound of each cache of gpuscalar.lazy: structure plans (`expr`), `fusion`'s compiled
 #: kernels, CuPy dispatch plans and loop pins.
@@ -31,6 +32,23 @@ _CACHES: weakref.WeakSet[BoundedCache] = weakref.WeakSet()
 #: Plain dicts of what is derived from a structure alone (`expr`'s leaf readers), emptied when
 #: they hold more than the bound.
 DERIVED: list[dict[Any, Any]] = []
+
+
+def derived(table: dict[Any, Any]) -> dict[Any, Any]:
+    """Register ``table`` (structure key -> what that structure alone determines, made again
+    the same from any tree of it): bounded by `set_cache_size` and emptied at each sweep of the
+    key table (its keys would otherwise count as references there). Returns it; fill it with
+    `keep`."""
+    DERIVED.append(table)
+    keytable.FORGOTTEN_AT_SWEEP.append(table)
+    return table
+
+
+def keep(table: dict[Any, Any], key: Any, value: Any) -> None:
+    """Store ``value`` in the `derived` ``table``, emptying it first when it is full."""
+    if len(table) >= _cache_size:
+        table.clear()
+    table[key] = value
 
 
 class BoundedCache:

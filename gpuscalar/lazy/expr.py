@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import caches, hostprogram, keytable
+from . import caches, hostprogram
 from .caches import DEFAULT_CACHE_SIZE, BoundedCache, cache_size, set_cache_size
 from .keytable import KEY_STRUCTURE as _KEY_STRUCTURE
 from .keytable import KEYS as _KEYS
@@ -382,10 +382,10 @@ def postorder(root: Node) -> Iterator[tuple[Any, bool]]:
 def leaves_of(root: Node) -> list[Any]:
     """The leaves and constants of ``root`` in the order its `Plan` numbers them (left to right,
     as `postorder` meets them). Called for every evaluation and fold: one op's are its
-    children; a tree of up to `READER_NODES` nodes is read by its structure's generated reader
-    (`leaf_reader`: one subscript per leaf, no walk); one within the size bound (`MAX_NODES`, so
-    at most that deep) is walked recursively; a larger tree (built by hand) iteratively, at any
-    depth. (Fields by index: this is on the path of every fold.)"""
+    children; a tree of up to `READER_NODES` nodes (every expression within the size bound) is
+    read by its structure's generated reader (`leaf_reader`: subscripts, no walk); a larger tree
+    (built by hand) is walked iteratively, at any depth. (Fields by index: this is on the path
+    of every fold.)"""
     size = root[SIZE]
     if size == 1:  # one op: its children are the leaves
         return list(root[CHILDREN])
@@ -394,8 +394,6 @@ def leaves_of(root: Node) -> list[Any]:
         return reader(root)
     if size <= READER_NODES:
         return leaf_reader(root)(root)
-    if size <= MAX_NODES:
-        return _small_leaves(root, [])  # (written as a function of its own: it recurses)
     leaves: list[Any] = []
     stack: list[Any] = [root]
     pop, push, append = stack.pop, stack.extend, leaves.append
@@ -412,9 +410,7 @@ def leaves_of(root: Node) -> list[Any]:
 READER_NODES = MAX_NODES
 #: structure key -> its leaf reader; bounded by `cache_size` (emptied when full, and at each
 #: sweep of the key table: a reader is made again from any tree of its structure, the same)
-_LEAF_READERS: dict[int, Callable[[Node], list[Any]]] = {}
-keytable.FORGOTTEN_AT_SWEEP.append(_LEAF_READERS)
-caches.DERIVED.append(_LEAF_READERS)
+_LEAF_READERS: dict[int, Callable[[Node], list[Any]]] = caches.derived({})
 
 
 def leaf_reader(root: Node) -> Callable[[Node], list[Any]]:
@@ -427,9 +423,7 @@ def leaf_reader(root: Node) -> Callable[[Node], list[Any]]:
     are leaves (the key of a leaf kind is never a node's), so the subscripts are the same for
     every tree of one key."""
     reader: Callable[[Node], list[Any]] = _generated_reader("n", *_leaf_reads(root))
-    if len(_LEAF_READERS) >= caches.cache_size():
-        _LEAF_READERS.clear()
-    _LEAF_READERS[root[KEY]] = reader
+    caches.keep(_LEAF_READERS, root[KEY], reader)
     return reader
 
 
@@ -472,18 +466,6 @@ def _generated_reader(parameters: str, statements: list[str], items: list[str]) 
     namespace: dict[str, Any] = {}
     exec("\n".join(lines), namespace)  # noqa: S102
     return namespace["reader"]
-
-
-def _small_leaves(node: Node, leaves: list[Any]) -> list[Any]:
-    """``node``'s leaves appended to ``leaves`` (a child of one op: its children, no call)."""
-    for child in node[CHILDREN]:
-        if type(child) is not Node:
-            leaves.append(child)
-        elif child[SIZE] == 1:
-            leaves += child[CHILDREN]
-        else:
-            _small_leaves(child, leaves)
-    return leaves
 
 
 class Plan:
@@ -742,9 +724,7 @@ def evaluate_plan(plan: Plan, leaves: list[Any] | tuple[Any, ...],
 
 #: structure key -> its compiled host evaluator (`host_program`); bounded by `cache_size`
 #: (emptied when full, and at each sweep of the key table, as the leaf readers).
-_HOST_PROGRAMS: dict[int, tuple[Callable[[list[Any]], Any], bool]] = {}
-keytable.FORGOTTEN_AT_SWEEP.append(_HOST_PROGRAMS)
-caches.DERIVED.append(_HOST_PROGRAMS)
+_HOST_PROGRAMS: dict[int, tuple[Callable[[list[Any]], Any], bool]] = caches.derived({})
 
 
 def host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
@@ -757,9 +737,7 @@ def host_program(plan: Plan) -> tuple[Callable[[list[Any]], Any], bool]:
     program = _HOST_PROGRAMS.get(plan.key)
     if program is None:
         program = hostprogram.compile_host_program(plan, fold_plan)
-        if len(_HOST_PROGRAMS) >= caches.cache_size():
-            _HOST_PROGRAMS.clear()
-        _HOST_PROGRAMS[plan.key] = program
+        caches.keep(_HOST_PROGRAMS, plan.key, program)
     return program
 
 
