@@ -96,7 +96,7 @@ def pytest_counts(output: str) -> dict[str, int]:
 _THIS = str(Path(__file__).resolve())
 
 #: In running order: the measurements first, then the test suite with all the time left (at
-#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more). The budgets (200 s
+#: least TOTAL_BUDGET_S minus the measurements' budgets, usually much more). The budgets (210 s
 #: in all) favour the sections that compile many kernels cold (NVRTC: fused Adam and the
 #: optimizer table) and import PyTorch (the capture comparison, seven versions of the loop);
 #: the overhead and demo sections run a few thousand small ops.
@@ -104,7 +104,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("environment", "Environment",
             _python(_THIS, "--section", "environment", "--json", "{json}"), 10, True),
     Section("syncs", "Sync table of each workload's gpuscalar path (CuPy, include_cupy=True)",
-            _python(_THIS, "--section", "syncs", "--json", "{json}"), 15, True),
+            _python(_THIS, "--section", "syncs", "--json", "{json}"), 12, True),
     Section("bench", "gpuscalar bench --backend cupy",
             _python("-m", "gpuscalar", "bench", "--backend", "cupy", "--json", "{json}"), 35,
             True),
@@ -112,7 +112,7 @@ SECTIONS: tuple[Section, ...] = (
             _python("bench/gpu_adam.py", "--json", "{json}"), 50, True),
     Section("overhead", "Per-op overhead on CuPy (bench/overhead.py)",
             _python("bench/overhead.py", "--backend", "cupy", "--number", "2000",
-                    "--json", "{json}"), 15, True),
+                    "--json", "{json}"), 12, True),
     Section("demo", "The demo (gpuscalar demo --backend cupy)",
             _python("-m", "gpuscalar", "demo", "--backend", "cupy"), 10),
     Section("capture", "Captured training loop vs PyTorch's CUDA graph (bench/gpu_capture.py)",
@@ -120,8 +120,11 @@ SECTIONS: tuple[Section, ...] = (
             requires="bench/gpu_capture.py"),
     Section("control", "gs.while_loop: the CG solve vs its per-iteration-sync loop "
             "(bench/gpu_control.py)",
-            _python("bench/gpu_control.py", "--json", "{json}"), 15, True,
+            _python("bench/gpu_control.py", "--json", "{json}"), 11, True,
             requires="bench/gpu_control.py"),
+    Section("products", "Vector products, host and device time by route (bench/gpu_products.py)",
+            _python("bench/gpu_products.py", "--json", "{json}"), 20, True,
+            requires="bench/gpu_products.py"),
     Section("nccl", "0-d all_reduce on one GPU, eager and captured (bench/gpu_nccl.py)",
             _python("bench/gpu_nccl.py", "--json", "{json}"), 15, True,
             requires="bench/gpu_nccl.py"),

@@ -4,8 +4,8 @@ Why this example exists: CuPy's own conjugate-gradient example (``examples/cg/cg
 repository) reads the residual norm on the host every iteration (``if norm(r1) < tol``), one
 sync per iteration, which is what keeps a GPU idle between iterations. Here the same algorithm
 runs under ``gs.while_loop``: the state (x, r, p, A @ p and r.r) lives in device arrays updated in
-place, ``gs.matmul`` keeps every product on the device (the inner products too: the same cuBLAS
-routine in the loop body and outside it), and the predicate
+place, ``gs.matmul`` and ``gs.dot`` keep every product on the device (``gs.dot`` of two vectors
+is gpuscalar's own dot kernel in the loop body and outside it), and the predicate
 ``norm(r) >= tol`` is decided by the device. The script solves the same system both ways and
 prints the iteration counts, the syncs each made, and whether the iterates are the same bits.
 
@@ -37,7 +37,7 @@ def start(xp: Any, a: Any, b: Any) -> tuple[Any, ...]:
     x = xp.zeros_like(b)
     r = b - gs.matmul(a, x)
     p = r.copy()
-    rr = dot(r, r).array.copy()  # (r.r, a 0-d state array)
+    rr = gs.dot(r, r).array.copy()  # (r.r, a 0-d state array)
     return x, r, p, xp.empty_like(b), rr
 
 
@@ -48,23 +48,13 @@ def not_converged(a: Any, x: Any, r: Any, p: Any, ap: Any, rr: Any) -> gs.GPUSca
 def iteration(a: Any, x: Any, r: Any, p: Any, ap: Any, rr: Any) -> None:
     """One CG iteration, every array updated in place, nothing read on the host."""
     gs.matmul(a, p, out=ap)
-    alpha = gs.GPUScalar(rr) / dot(p, ap)
+    alpha = gs.GPUScalar(rr) / gs.dot(p, ap)
     x += alpha * p
     r -= alpha * ap
-    rr_new = dot(r, r)
+    rr_new = gs.dot(r, r)
     p *= rr_new / gs.GPUScalar(rr)  # beta, before rr is overwritten
     p += r
     rr[...] = rr_new.array
-
-
-def dot(u: Any, v: Any) -> gs.GPUScalar:
-    """``u @ v`` as one cuBLAS call on gpuscalar's own handle (`gs.matmul`), recordable.
-
-    Not ``gs.dot``: outside a recording that is ``cupy.dot`` (CuPy's cuBLAS call), inside a
-    loop body gpuscalar's own dot kernel, two orders of summation, so the two solves below
-    would differ in the last bits on a GPU. ``gs.matmul`` runs the same cuBLAS routine in the
-    body and outside it: both solves are the same bits on every device."""
-    return gs.GPUScalar(gs.matmul(u, v))
 
 
 def solve_on_device(a: Any, b: Any, xp: Any) -> tuple[Any, gs.GPUScalar]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import control as cuda_control
-from gpuscalar.devices.cupy import cublas, metrics
+from gpuscalar.devices.cupy import cublas, metrics, products
 from gpuscalar.devices.cupy.backend import CudaSeam
 from gpuscalar.lazy import codegen
 
@@ -339,6 +339,24 @@ def _pack_read_leaves(launch: Launch) -> None:
 #: column written at byte OFFSET of the row from a parameter (by value, or ``NAME[0]``).
 _RECORD_STORE = re.compile(
     r"\*reinterpret_cast<(\w+)\*>\(_gs_row \+ (\d+)\) = static_cast<\w+>\((\w+)(\[0\])?\);")
+
+
+def _run_dot_kernel(launch: Launch) -> None:
+    """What gpuscalar's dot kernels compute (`products.dot`), on the fake memory: the dot
+    kernel's whole sum (``conj(x)`` first with its flag) into the first slot of its target and
+    zeros in the others (each block's partial sum is the GPU's split; the total is the same
+    up to the order of additions), and the partial-sum kernel's total of its ``count`` values."""
+    args = launch.args[2]
+    if launch.name.startswith(products.DOT_PREFIX + "sum_"):
+        partials, count, out = args
+        host_view(out)[...] = host_view(partials)[:int(count)].sum()
+        return
+    x, _, y, _, n, conj, target = args
+    xs, ys = host_view(x)[:int(n)], host_view(y)[:int(n)]
+    total = np.vdot(xs, ys) if conj else np.dot(xs, ys)
+    view = host_view(target).reshape(-1)
+    view[...] = 0
+    view[0] = total
 
 
 def _run_record_kernel(launch: Launch) -> None:
@@ -677,6 +695,8 @@ class RecordingSeam(CudaSeam):
             return _run_record_kernel(launch)
         if kind == "raw" and launch.name.startswith(codegen.READ_PREFIX):
             return _pack_read_leaves(launch)
+        if kind == "raw" and launch.name.startswith(products.DOT_PREFIX):
+            return _run_dot_kernel(launch)
         if kind in ("raw", "cublas"):
             return None
         if kind == "elementwise":

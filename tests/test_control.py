@@ -626,19 +626,18 @@ def test_the_cg_example_solves_with_zero_syncs(xp):
     assert host(n) == n_plain and host(x).tobytes() == host(x_plain).tobytes()
 
 
-def test_the_cg_examples_dot_is_the_same_bits_in_a_loop_body_and_outside(xp):
-    """Why the example's two solves are the same bits on a GPU: its inner product is one
-    routine wherever it runs. (``gs.dot`` is not: ``cupy.dot``'s cuBLAS call outside a
-    recording, gpuscalar's own dot kernel inside a body, two orders of summation, and the two
-    solves differed in the last bit on an H200.) Long vectors, so an order shows."""
-    cg = _example("cg")
+def test_gs_dot_is_the_same_bits_in_a_loop_body_and_outside(xp):
+    """Why the CG example's two solves are the same bits on a GPU: ``gs.dot`` of two vectors is
+    one routine wherever it runs (on CuPy gpuscalar's own dot kernel; it was ``cupy.dot``'s
+    cuBLAS call outside a recording once, and the two solves differed in the last bit on an
+    H200). Long vectors, so an order shows."""
     rng = np.random.default_rng(5)
     u, v = (xp.asarray(rng.standard_normal(5000)) for _ in range(2))
-    outside = cg.dot(u, v)
+    outside = gs.dot(u, v)
     inside, count = xp.zeros(()), xp.zeros((), dtype=np.int64)
 
     def body(u, v, inside, count):
-        inside[...] = cg.dot(u, v).array
+        inside[...] = gs.dot(u, v).array
         count += 1
 
     gs.while_loop(lambda *state: gs.GPUScalar(state[-1]) < 1, body, u, v, inside, count,

@@ -156,7 +156,9 @@ def test_a_reduction_is_one_checked_launch_and_one_read(dev, name):
     data = _data()
     value = ours(dev.array(data))
     assert isinstance(value, gs.GPUScalar)
-    assert len(dev.launches) == 1 and dev.launches[0].kind == "function", dev.kinds()
+    # (a dot of two vectors is gpuscalar's own dot kernel, eager and recorded alike)
+    kind = "raw" if name in ("dot", "vdot") else "function"
+    assert len(dev.launches) == 1 and dev.launches[0].kind == kind, dev.kinds()
     assert float(value) == pytest.approx(float(numpy(data)), rel=1e-12)
     assert len(dev.reads) == 1 and not dev.uploads
 

@@ -168,10 +168,10 @@ def cg_gpuscalar(xp: ArrayModule, inputs: Inputs, *, n: int, tol: float, max_ite
     iterations = gss.asscalar(0, like=b, dtype="int64")
     for it in range(1, max_iter + 1):
         matmul(A, p, out=ap)
-        alpha = gsm.where(active, rr / gss.GPUScalar(matmul(p, ap)), 0.0)
+        alpha = gsm.where(active, rr / gsr.dot(p, ap), 0.0)
         x += alpha * p
         r -= alpha * ap
-        rr_new = gss.GPUScalar(matmul(r, r))
+        rr_new = gsr.dot(r, r)
         p *= rr_new / rr
         p += r
         rr = rr_new
@@ -194,10 +194,10 @@ def cg_capture(xp: ArrayModule, inputs: Inputs, *, n: int, tol: float, max_iter:
 
     def iteration(x: Any, r: Any, p: Any, ap: Any, rr: Any) -> None:
         matmul(A, p, out=ap)
-        alpha = gss.GPUScalar(rr) / matmul(p, ap)
+        alpha = gss.GPUScalar(rr) / gsr.dot(p, ap)
         x += alpha * p
         r -= alpha * ap
-        rr_new = gss.GPUScalar(matmul(r, r))
+        rr_new = gsr.dot(r, r)
         p *= rr_new / gss.GPUScalar(rr)
         p += r
         rr[...] = rr_new.array

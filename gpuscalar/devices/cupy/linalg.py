@@ -418,20 +418,24 @@ class CupyBlas:
         return out
 
     def dot(self, a: Any, b: Any) -> Any:
-        """``xp.dot(a, b)`` that also works where a graph is recorded (`gs.dot`). Outside a
-        recording ``cupy.dot``; while recording, floating and complex products take
-        capture-safe paths: two vectors gpuscalar's dot kernel (`products.dot`), matrices
-        `matmul` (gpuscalar's cuBLAS handle; an N-d operand reshaped to a matrix, copied where
-        it must be), a 0-d operand CuPy's multiply. Mixed dtypes promote as ``xp.dot`` promotes."""
+        """``xp.dot(a, b)`` that also works where a graph is recorded (`gs.dot`). Two floating
+        or complex vectors: gpuscalar's dot kernel (`products.dot`) always, so a dot is the same
+        bits in and out of a recording, and the cheapest route measured, host and device
+        (docs/benchmarks.md, "Vector products"). Other operands: ``cupy.dot`` outside a
+        recording; while recording, matrices `matmul` (gpuscalar's cuBLAS handle; an N-d
+        operand reshaped to a matrix, copied where it must be), a 0-d operand CuPy's multiply.
+        Mixed dtypes promote as ``xp.dot`` promotes."""
         backend = self.backend
         dtype = np.result_type(a.dtype, b.dtype)
-        if dtype not in MATMUL_DTYPES or 0 in (a.ndim, b.ndim) or not _recorded():
+        if dtype not in MATMUL_DTYPES or 0 in (a.ndim, b.ndim):
             return backend.call(backend.xp.dot, a, b)
         if a.ndim == 1 and b.ndim == 1:
             _same_length(a, b, "dot")
             a, b = (v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
                     for v in (a, b))
             return products.dot(a, b, conj=False)
+        if not _recorded():
+            return backend.call(backend.xp.dot, a, b)
         if a.ndim <= 2 and b.ndim <= 2:
             return matmul(*(v if v.dtype in MATMUL_DTYPES else backend.call(v.astype, dtype)
                             for v in (a, b)))
@@ -450,10 +454,11 @@ class CupyBlas:
 
     def vdot(self, a: Any, b: Any) -> Any:
         """``xp.vdot(a, b)`` (``a`` conjugated, both flattened) that also works where a graph is
-        recorded (`gs.vdot`): as `dot`, with gpuscalar's dot kernel while recording."""
+        recorded (`gs.vdot`): as `dot`, gpuscalar's dot kernel for floating and complex
+        operands, in a recording or not."""
         backend = self.backend
         dtype = np.result_type(a.dtype, b.dtype)
-        if dtype not in MATMUL_DTYPES or not _recorded():
+        if dtype not in MATMUL_DTYPES:
             return backend.call(backend.xp.vdot, a, b)
         _same_length(a, b, "vdot")
         flat = []

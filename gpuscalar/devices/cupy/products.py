@@ -25,6 +25,7 @@ op: see `gpuscalar.devices.host`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -34,9 +35,9 @@ from ...backend import Backend, relative_extent
 from ...sparse import SPARSE_DTYPES, format_in
 from .backend import CUPY
 
-__all__ = ["PRODUCT_DTYPES", "BLOCK", "PER_THREAD", "MAX_BLOCKS", "C_NAMES", "INDEX_C_NAMES",
-           "dot_source", "dot_kernel_names", "csr_source", "csr_kernel_name", "dot",
-           "csr_matvec", "blocks_for", "CupySparse"]
+__all__ = ["PRODUCT_DTYPES", "DOT_PREFIX", "BLOCK", "PER_THREAD", "MAX_BLOCKS", "C_NAMES",
+           "INDEX_C_NAMES", "dot_source", "dot_kernel_names", "csr_source", "csr_kernel_name",
+           "dot", "csr_matvec", "blocks_for", "CupySparse"]
 
 #: the dtypes gpuscalar's product kernels (and gs.matmul's cuBLAS routines) take
 PRODUCT_DTYPES = SPARSE_DTYPES
@@ -119,12 +120,17 @@ def _tag(*dtypes: np.dtype) -> str:
     return "_".join(dtype.name for dtype in dtypes)
 
 
+#: how the names of the dot kernels begin
+DOT_PREFIX = "gpuscalar_dot_"
+
+
 def dot_kernel_names(x: np.dtype, y: np.dtype) -> tuple[str, str]:
     """The names of the dot kernel and of its partial-sum kernel for these operand dtypes."""
     r = np.result_type(x, y)
-    return f"gpuscalar_dot_{_tag(x, y, r)}", f"gpuscalar_dot_sum_{_tag(r)}"
+    return f"{DOT_PREFIX}{_tag(x, y, r)}", f"{DOT_PREFIX}sum_{_tag(r)}"
 
 
+@functools.lru_cache(maxsize=64)  # (a few dtype pairs; made anew, the text cost ~140k instructions)
 def dot_source(x: np.dtype, y: np.dtype) -> str:
     """The CUDA C of the dot kernels for operands of dtypes ``x`` and ``y`` (both in
     `PRODUCT_DTYPES`), accumulating in their promoted dtype."""
@@ -147,6 +153,7 @@ def csr_kernel_name(data: np.dtype, x: np.dtype, index: np.dtype = _INT32) -> st
     return f"gpuscalar_csr_matvec_{_tag(np.dtype(index), np.dtype(data), np.dtype(x), r)}"
 
 
+@functools.lru_cache(maxsize=64)
 def csr_source(data: np.dtype, x: np.dtype, index: np.dtype = _INT32) -> str:
     """The CUDA C of the CSR matrix-vector kernel for matrix values of dtype ``data``, a
     vector of dtype ``x`` (both in `PRODUCT_DTYPES`) and indices of dtype ``index`` (int32 or
@@ -162,33 +169,51 @@ def blocks_for(n: int) -> int:
     return max(1, min(-(-n // (BLOCK * PER_THREAD)), MAX_BLOCKS))
 
 
+_UNIT_STEP = np.int64(1)
+
+
 def _step(array: Any) -> np.int64:
     """A 1-D array's element step (any sign; 1 for fewer than two elements)."""
-    if array.shape[0] < 2:
-        return np.int64(1)
-    return np.int64(array.strides[0] // array.itemsize)
+    stride, itemsize = array.strides[0], array.itemsize
+    if stride == itemsize or array.shape[0] < 2:
+        return _UNIT_STEP
+    return np.int64(stride // itemsize)
 
 
 def dot(x: Any, y: Any, conj: bool) -> Any:
     """``sum(x * y)`` (``conj(x)`` first with ``conj``) of two CuPy vectors of equal length and
     dtypes in `PRODUCT_DTYPES`, as a new 0-d CuPy array of their promoted dtype: one launch,
-    two above ``BLOCK * PER_THREAD`` elements (counted device ops). Capture-safe."""
-    backend, xp = CUPY, CUPY.xp
-    r = np.result_type(x.dtype, y.dtype)
-    n = int(x.shape[0])
-    source = dot_source(x.dtype, y.dtype)
-    dot_name, sum_name = dot_kernel_names(x.dtype, y.dtype)
+    two above ``BLOCK * PER_THREAD`` elements (counted device ops). Capture-safe. On ``x``'s
+    device (entered only when it is not current)."""
+    device = x.data.device_id
+    if CUPY.seam.is_current_device(device):
+        return _dot(x, y, conj)
+    with CUPY.seam.device_context(device):
+        return _dot(x, y, conj)
+
+
+def _dot(x: Any, y: Any, conj: bool) -> Any:
+    source, dot_name, sum_name, r = _dot_plan(x.dtype, y.dtype)
+    n = x.shape[0]
     blocks = blocks_for(n)
-    with backend.device_context(backend.device_of(x)):
-        out = xp.empty((), dtype=r)
-        target = out if blocks == 1 else xp.empty((blocks,), dtype=r)
-        backend.launch_kernel(source, dot_name, n,
-                              (x, _step(x), y, _step(y), np.int64(n), np.int32(conj), target),
-                              grid=blocks, block=BLOCK)
-        if blocks > 1:
-            backend.launch_kernel(source, sum_name, blocks, (target, np.int64(blocks), out),
-                                  grid=1, block=BLOCK)
+    out = CUPY.xp.ndarray((), r)
+    target = out if blocks == 1 else CUPY.xp.ndarray((blocks,), r)
+    CUPY.launch_kernel(source, dot_name, n, (x, _step(x), y, _step(y), np.int64(n),
+                                             _CONJ[conj], target), grid=blocks, block=BLOCK)
+    if blocks > 1:
+        CUPY.launch_kernel(source, sum_name, blocks, (target, np.int64(blocks), out), grid=1,
+                           block=BLOCK)
     return out
+
+
+#: the dot kernel's ``conj`` argument (an ``int``), by the flag
+_CONJ = {False: np.int32(0), True: np.int32(1)}
+
+
+@functools.lru_cache(maxsize=64)
+def _dot_plan(x: np.dtype, y: np.dtype) -> tuple[str, str, str, np.dtype]:
+    """`dot`'s kernel text, kernel names and result dtype for operands of dtypes ``x``, ``y``."""
+    return (dot_source(x, y), *dot_kernel_names(x, y), np.result_type(x, y))
 
 
 def csr_matvec(indptr: Any, indices: Any, data: Any, x: Any, y: Any) -> None:
