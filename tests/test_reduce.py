@@ -313,7 +313,8 @@ def test_global_norm_of_many_arrays_equals_one_stack_of_their_norms(xp, rng, ord
     bit for bit what one ``stack`` of them gives, and the norm of all elements concatenated.
 
     "One stack" is computed by the backend's own norm kernels: NumPy's on the host backends;
-    on CuPy, CuPy's (``cupy.linalg.norm``, ``cupy.max``) on the device, since CuPy's
+    on CuPy, CuPy's (``cupy.linalg.norm`` along axis 0, as gpuscalar calls it: one launch for
+    ord 2; ``cupy.max``) on the device, since CuPy's
     reductions add in another order than NumPy's and ``pow`` is CUDA's (a few ulps from
     NumPy's for ord 1, 3, 0.5 on an H200): the gathering, not the reduction order, is
     what is checked bit for bit."""
@@ -324,10 +325,10 @@ def test_global_norm_of_many_arrays_equals_one_stack_of_their_norms(xp, rng, ord
     assert counter.count == 0 and total.dtype == np.float64
     # the float32 array is converted to float64 first, as a concatenation converts it
     if backend_name(xp) == "cupy":
-        device_norms = xp.stack([xp.linalg.norm(xp.asarray(a.astype(np.float64)), ord=ord)
-                                 for a in arrays])
+        device_norms = xp.stack([xp.linalg.norm(xp.asarray(a.astype(np.float64)), ord=ord,
+                                                axis=0) for a in arrays])
         one_stack = host(xp.max(device_norms) if ord == math.inf
-                         else xp.linalg.norm(device_norms, ord=ord))
+                         else xp.linalg.norm(device_norms, ord=ord, axis=0))
     else:
         norms = np.stack([np.linalg.vector_norm(a.astype(np.float64), ord=ord) for a in arrays])
         one_stack = np.max(norms) if ord == math.inf else np.linalg.vector_norm(norms, ord=ord)

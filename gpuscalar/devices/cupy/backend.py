@@ -353,6 +353,11 @@ class CupyBackend(Backend):
         return self.seam.copy_to_host(array)
 
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
+        if axis is None and not keepdims:
+            # along axis 0 of the flat vector: for ord 2 CuPy's one-launch reduction
+            # (``_norm_ord2``: square, add, root), where its axis=None path of a vector is three
+            # launches (``sqrt((x * x).sum())``); other orders take the same kernels either way
+            return self.call(self.xp.linalg.norm, x.ravel(), ord=ord, axis=0)
         flat = x.ravel() if axis is None else x
         return self.call(self.xp.linalg.norm, flat, ord=ord, axis=axis, keepdims=keepdims)
 
