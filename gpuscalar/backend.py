@@ -161,6 +161,14 @@ class Backend:
     def vector_norm(self, x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
         raise NotImplementedError
 
+    def stack_scalars(self, scalars: list[Any], dtype: Any, out: Any = None) -> Any:
+        """The 0-d arrays ``scalars`` (at most 8: `gpuscalar.reduce.stack_scalars` makes the
+        chunks) as one new vector of ``dtype``, or written into the vector ``out``, cast as
+        ``xp.stack`` casts (``same_kind``): one counted op. Here ``xp.stack``."""
+        if out is None:
+            return self.call(self.xp.stack, scalars, dtype=dtype)
+        return self.call(self.xp.stack, scalars, out=out)
+
     def elementwise_ufunc_name(self, kernel: Any) -> str | None:
         """NumPy's name for a CuPy ufunc object (``cupy_add`` -> ``add``); None for any other
         elementwise kernel. Used by GPUScalar's ``__cupy_override_elementwise_kernel__``."""

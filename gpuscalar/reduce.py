@@ -312,13 +312,12 @@ def stack_scalars(backend: Backend, scalars: Sequence[Any], dtype: Any) -> Any:
     time with ``xp.stack(chunk, out=slots[i:j])``: ``1 + ceil(n / 8)`` counted ops, device work
     only, the same values as one stack (each input is copied, cast to ``dtype`` as ``stack``
     casts: ``same_kind``)."""
-    xp = backend.xp
     if len(scalars) <= STACK_COPIES:
-        return backend.call(xp.stack, list(scalars), dtype=dtype)
-    slots = backend.call(xp.empty, (len(scalars),), dtype=dtype)
+        return backend.stack_scalars(list(scalars), dtype)
+    slots = backend.call(backend.xp.empty, (len(scalars),), dtype=dtype)
     for start in range(0, len(scalars), STACK_COPIES):
         chunk = list(scalars[start:start + STACK_COPIES])
-        backend.call(xp.stack, chunk, out=slots[start:start + len(chunk)])
+        backend.stack_scalars(chunk, dtype, out=slots[start:start + len(chunk)])
     return slots
 
 

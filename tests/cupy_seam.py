@@ -47,7 +47,7 @@ import numpy as np
 from gpuscalar.devices import CUPY
 from gpuscalar.devices.cupy import control as cuda_control
 from gpuscalar.devices.cupy import cublas, metrics, products
-from gpuscalar.devices.cupy.backend import CudaSeam
+from gpuscalar.devices.cupy.backend import STACK_PREFIX, CudaSeam
 from gpuscalar.lazy import codegen
 
 from .cupy_fake import FakeMemory, cuda_runtime_errors, cupy_or_fail, from_host, host_view
@@ -357,6 +357,16 @@ def _run_dot_kernel(launch: Launch) -> None:
     view = host_view(target).reshape(-1)
     view[...] = 0
     view[0] = total
+
+
+def _run_stack_kernel(launch: Launch) -> Any:
+    """What a gathering kernel does (`gpuscalar.devices.cupy.backend.stack_kernel`), on the
+    fake memory: each 0-d input into its element of the output, cast to its dtype."""
+    *scalars, out = launch.args
+    view = host_view(out)
+    for k, scalar in enumerate(scalars):
+        view[k] = host_view(scalar)[()]
+    return out
 
 
 def _run_record_kernel(launch: Launch) -> None:
@@ -699,6 +709,8 @@ class RecordingSeam(CudaSeam):
             return _run_dot_kernel(launch)
         if kind in ("raw", "cublas"):
             return None
+        if kind == "elementwise" and launch.name.startswith(STACK_PREFIX):
+            return _run_stack_kernel(launch)
         if kind == "elementwise":
             return self._elementwise_outputs(launch)
         out = kwargs.get("out")

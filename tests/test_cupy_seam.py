@@ -18,6 +18,7 @@ import pytest
 
 import gpuscalar as gs
 from gpuscalar import ad, optim, sync
+from gpuscalar.devices import CUPY
 
 from .cupy_fake import cupy_or_fail, fake_memory, host_view
 from .cupy_seam import RecordingSeam, covers, recording
@@ -193,6 +194,44 @@ def test_global_norm_clip_and_all_finite_copy_nothing_from_the_host(dev, count):
     total = gs.clip_grad_norm(arrays, 1.0)
     assert isinstance(finite, gs.GPUScalar) and isinstance(total, gs.GPUScalar)
     assert not dev.uploads, [u.how for u in dev.uploads]
+
+
+STACK_DTYPES = [(np.float32, np.float64), (np.float64, np.float64), (np.complex64, np.complex128),
+                (np.float32, np.complex64), (np.bool_, np.int64)]
+
+
+@covers("gs.global_norm")
+@pytest.mark.parametrize("count", range(1, 9))
+@pytest.mark.parametrize(("dtype", "result"), STACK_DTYPES)
+def test_gathering_scalars_is_one_compiled_launch(count, dtype, result):
+    """`stack_scalars` on CuPy: one launch of the gathering kernel for up to 8 inputs (CuPy's
+    ``stack`` would copy each with a kernel of its own), NVRTC-compiled, each input cast as
+    ``stack`` casts; the dtypes mixed where they may be."""
+    from gpuscalar.devices.cupy.backend import STACK_PREFIX  # noqa: PLC0415
+
+    cupy_or_fail()
+    kind = np.dtype(dtype).kind
+    values = [np.asarray(k % 2 if kind == "b" else 1.5 * k - 2.25j * (k % 3) if kind == "c"
+                         else 1.5 * k - 2.25, dtype) for k in range(count)]
+    with fake_memory() as memory, recording(memory, compile=True) as seam:
+        scalars = [seam.array(v) for v in values]
+        seam.clear()
+        out = CUPY.stack_scalars(scalars, result)
+        assert [launch.name for launch in seam.launches] == [f"{STACK_PREFIX}{count}"]
+        assert out.dtype == result and out.shape == (count,)
+        np.testing.assert_array_equal(host_view(out), np.stack(values).astype(result))
+        into = seam.array(np.zeros(count + 2, result))
+        CUPY.stack_scalars(scalars, result, out=into[1:count + 1])
+        np.testing.assert_array_equal(host_view(into)[1:count + 1], host_view(out))
+        assert host_view(into)[0] == 0 and host_view(into)[-1] == 0
+
+
+def test_gathering_refuses_the_casts_stack_refuses(dev):
+    scalars = [dev.array(np.asarray(1.0 + 2.0j)), dev.array(np.asarray(3.0))]
+    dev.clear()
+    with pytest.raises(TypeError, match="complex128.*float64.*same_kind"):
+        CUPY.stack_scalars(scalars, np.float64)
+    assert not dev.launches
 
 
 # ---- optimizers ---------------------------------------------------------------------------------

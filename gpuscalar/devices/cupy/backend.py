@@ -16,6 +16,7 @@ records every launch there and checks it against what CuPy accepts). Swap it for
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -248,6 +249,20 @@ _CUPY_DEVICE_ID = operator.attrgetter("data.device_id")
 _CUPY_DATA_PTR = operator.attrgetter("data.ptr")
 
 
+#: how the names of the gathering kernels (`stack_kernel`) begin
+STACK_PREFIX = "gpuscalar_stack_"
+
+
+@functools.lru_cache(maxsize=8)  # one per count of inputs, 1 to 8
+def stack_kernel(count: int) -> Any:
+    """The ``ElementwiseKernel`` writing ``count`` 0-d arrays (any dtypes, read through
+    pointers) into the ``count`` elements of its output vector, each cast to its dtype."""
+    inputs = ", ".join(f"raw {'ABCDEFGH'[k]} a{k}" for k in range(count))  # (one-letter types)
+    cases = " ".join(f"case {k}: y = (Y)a{k}[0]; break;" for k in range(count))
+    return CUPY.xp.ElementwiseKernel(inputs, "Y y", f"switch (i) {{ {cases} }}",
+                                     f"{STACK_PREFIX}{count}")
+
+
 class CupyBackend(Backend):
     name = "cupy"
     multi_device = True
@@ -360,6 +375,21 @@ class CupyBackend(Backend):
             return self.call(self.xp.linalg.norm, x.ravel(), ord=ord, axis=0)
         flat = x.ravel() if axis is None else x
         return self.call(self.xp.linalg.norm, flat, ord=ord, axis=axis, keepdims=keepdims)
+
+    def stack_scalars(self, scalars: list[Any], dtype: Any, out: Any = None) -> Any:
+        """One launch of a gathering kernel (`stack_kernel`): CuPy's ``stack`` copies each 0-d
+        input with a kernel of its own (eight launches for one counted op). The casts
+        ``stack`` would refuse (not ``same_kind``) are refused the same way, first."""
+        dtype = np.dtype(dtype) if out is None else out.dtype
+        for scalar in scalars:
+            if not np.can_cast(scalar.dtype, dtype, "same_kind"):
+                raise TypeError(f"Cannot cast array data from {scalar.dtype!r} to {dtype!r} "
+                                "according to the rule 'same_kind'")
+        if out is None:
+            with self.seam.device_context(self.device_of(scalars[0])):
+                out = self.xp.empty((len(scalars),), dtype=dtype)
+        self.call(stack_kernel(len(scalars)), *scalars, out)
+        return out
 
     # ---- fused kernels (issue 4, gpuscalar.optim): compile once per source, launch counted ----
     #: NVRTC options for every kernel gpuscalar ships (tests/test_kernels.py compiles with these).
