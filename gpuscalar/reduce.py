@@ -307,11 +307,12 @@ def stack_scalars(backend: Backend, scalars: Sequence[Any], dtype: Any) -> Any:
 
     ``xp.stack`` of them all would, in CuPy, upload a pointer table for more than
     `STACK_COPIES` inputs (a hidden host-to-device copy every call, which a CUDA-graph capture
-    refuses). Up to `STACK_COPIES` this is one ``xp.stack(..., dtype=dtype)`` (one counted op;
-    CuPy copies each input); above, a preallocated vector is filled `STACK_COPIES` inputs at a
-    time with ``xp.stack(chunk, out=slots[i:j])``: ``1 + ceil(n / 8)`` counted ops, device work
-    only, the same values as one stack (each input is copied, cast to ``dtype`` as ``stack``
-    casts: ``same_kind``)."""
+    refuses). Up to `STACK_COPIES` this is one gathering (the backend's ``stack_scalars``: one
+    counted op; ``xp.stack`` on the host devices, one gathering kernel on CuPy, whose own
+    ``stack`` would copy each input with a kernel of its own); above, a preallocated vector is
+    filled `STACK_COPIES` inputs at a time (``out=slots[i:j]``): ``1 + ceil(n / 8)`` counted
+    ops, device work only, the same values as one stack (each input cast to ``dtype`` as
+    ``stack`` casts: ``same_kind``)."""
     if len(scalars) <= STACK_COPIES:
         return backend.stack_scalars(list(scalars), dtype)
     slots = backend.call(backend.xp.empty, (len(scalars),), dtype=dtype)
