@@ -90,25 +90,25 @@ def gpuscalar_path(xp: Any, steps: int, samples: int = 2048, features: int = 32,
     """The same loop with device scalars: the only reads are the two reported values.
 
     The running best and total start as Python numbers (they join the device expressions as
-    kernel arguments: no launch to make them), and the update is one fused SGD kernel with the
-    device learning rate read in its prelude (`gs.optim.sgd_step`: ``w -= lr * grad`` in one
-    launch, the same arithmetic). Every step's loss is recorded into a `gs.MetricLog` (on the
-    device: no sync) and a `gs.progress` bar shows the latest row that has reached the host,
-    drawn on ``show`` (a file) or nowhere: the log and the bar cost no sync."""
+    kernel arguments: no launch to make them), and the update is one fused SGD kernel
+    (`gs.optim.sgd_step`: ``w -= lr * grad`` in one launch, the same arithmetic). The learning
+    rate stays what the float path computes, a Python number from the Python step: nothing in
+    it comes from the device, so nothing moves there (the capture path, whose step must live
+    on the device, computes it there). Every step's loss is recorded into a `gs.MetricLog` (on
+    the device: no sync) and a `gs.progress` bar shows the latest row that has reached the
+    host, drawn on ``show`` (a file) or nowhere: the log and the bar cost no sync."""
     x, y, w = _data(xp, samples, features)
     best: Any = math.inf
     total: Any = 0.0
-    step = gs.asscalar(0, like=w, dtype="int64")  # an integer counter stays one node
     log = gs.MetricLog(capacity=LOG_CAPACITY)
-    for _ in gs.progress(range(steps), log, desc="gpuscalar",
-                         file=_Nowhere() if show is None else show):
-        step = step + 1
+    for step in gs.progress(range(1, steps + 1), log, desc="gpuscalar",
+                            file=_Nowhere() if show is None else show):
         residual = x @ w - y
         loss = gs.mean(residual * residual)  # a GPUScalar: no sync
         log.record(loss=loss)  # a row on the device: no sync; the bar shows it when it lands
         total = total + loss
         best = gs.minimum(best, loss)
-        lr = 0.1 * gs.minimum(1.0, step / 10)  # warm-up, on the device
+        lr = 0.1 * min(1.0, step / 10)  # warm-up: as in the float path
         grad = (2.0 / samples) * (x.T @ residual)
         gs.optim.sgd_step(w, grad, lr=lr)  # w -= lr * grad: one launch, no sync
     return w, float(best), float(total / steps)  # the 2 syncs
