@@ -219,18 +219,20 @@ class Progress(Generic[T]):
         return self._steps()
 
     def _steps(self) -> Iterator[T]:
+        clock, interval = self.clock, REFRESH if self.terminal else self.every
+        poll_every = self.poll_every
         try:
             for item in self.iterable:
                 self._yielded += 1
                 yield item
                 self.n += 1  # the loop's body for this item is done
-                self._unpolled += 1
-                now = self.clock()
-                if now - self._drawn >= (REFRESH if self.terminal else self.every):
+                unpolled = self._unpolled = self._unpolled + 1
+                now = clock()
+                if now - self._drawn >= interval:
                     self._drawn = now
                     self.poll()
                     self._draw()
-                elif self._unpolled >= self.poll_every:
+                elif unpolled >= poll_every:
                     self.poll()
             self.exhausted = True
         finally:

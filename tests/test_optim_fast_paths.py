@@ -134,3 +134,39 @@ def test_hyperparameter_numbers_keep_their_checks():
             checks.hyper(bad, "lr", numpy, "cpu")
     with pytest.raises(ValueError, match=r"beta must be in \[0.0, 1.0\)"):
         checks.hyper(1.0, "beta", numpy, "cpu", high=1.0, high_open=True)
+
+
+def test_sgd_steps_float_fast_path_is_the_general_steps_result(xp, rng, monkeypatch):
+    """``sgd_step(w, g, lr=<float>)`` (the plain step with Python floats) skips the general
+    hyperparameter checks, with the same weights, bit for bit, and the same one device op as
+    the general path (reached here with NumPy numbers, which the fast path leaves alone)."""
+    w0 = rng.standard_normal((5, 3))
+    g = xp.asarray(rng.standard_normal((5, 3)))
+    fast, general = xp.asarray(w0), xp.asarray(w0)
+    with gs.count_syncs() as counter:
+        assert optim.sgd_step(general, g, lr=np.float64(0.05),
+                              weight_decay=np.float64(0.01)) is None
+    assert counter.count == 0 and counter.device_ops == 1
+    with monkeypatch.context() as patch:
+        patch.setattr("gpuscalar.optim.sgd.hyper", _refuse)
+        with gs.count_syncs() as counter:
+            assert optim.sgd_step(fast, g, lr=0.05, weight_decay=0.01) is None
+    assert counter.count == 0 and counter.device_ops == 1
+    assert host(fast).tobytes() == host(general).tobytes()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"lr": float("nan")}, ValueError, "lr must be >= 0.0"),
+    ({"lr": -0.1}, ValueError, "lr must be >= 0.0"),
+    ({"lr": 0.1, "weight_decay": float("nan")}, ValueError, "weight_decay must be"),
+    ({"lr": 0.1, "dampening": -1.0}, ValueError, "dampening must be"),
+    ({"lr": 0.1, "nesterov": True}, ValueError, "nesterov momentum needs momentum > 0"),
+    ({"lr": 0.1, "nesterov": 1}, TypeError, "nesterov must be a bool"),
+])
+def test_what_sgd_steps_fast_path_cannot_take_the_general_path_refuses(xp, rng, kwargs, error,
+                                                                        match):
+    w = xp.asarray(rng.standard_normal(4))
+    before = host(w).tobytes()
+    with pytest.raises(error, match=match):
+        optim.sgd_step(w, xp.asarray(rng.standard_normal(4)), **kwargs)
+    assert host(w).tobytes() == before  # nothing written

@@ -23,7 +23,7 @@ from .base import (
 )
 from .checks import check_like, check_skip, check_writeable, hyper, step_arrays
 from .executors import executor_for, route, run_program
-from .program import Program, register
+from .program import VALUE, Program, register
 
 __all__ = ["SGD_PLAIN", "SGD_MOMENTUM", "SGD_NESTEROV", "sgd_step", "SGD"]
 
@@ -77,6 +77,17 @@ def sgd_step(
     One fused kernel, no sync; ``skip_if`` as in `adam_step` (a buffer created by a skipped
     call holds no history yet: pass None again).
     """
+    if (type(lr) is float and type(weight_decay) is float and type(momentum) is float
+            and type(dampening) is float and lr >= 0.0 and weight_decay >= 0.0
+            and momentum == 0.0 and dampening >= 0.0 and momentum_buffer is None
+            and nesterov is False and skip_if is None):
+        # the plain step with Python floats (a loop's usual call): what the checks below
+        # accept (`hyper`'s own first case for each number; NaN fails ``>=`` and goes on), the
+        # numbers routed as `route` routes a float: one check of the arrays and the launch
+        backend, _ = step_arrays(param, grad)
+        executor_for(backend).run(SGD_PLAIN, [(VALUE, (lr,)), (VALUE, (weight_decay,))],
+                                  (param, grad), None)
+        return None
     backend, device = step_arrays(param, grad)
     scalars = {
         "lr": hyper(lr, "lr", backend, device),
