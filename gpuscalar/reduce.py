@@ -211,9 +211,10 @@ def dot(a: Any, b: Any) -> Any:
     """Device ``dot`` (``xp.dot``'s rules and promotion); the dot of two vectors is a GPUScalar.
 
     Works in `gs.while_loop`/`gs.cond` bodies and `gs.capture` steps on every device, for
-    every float and complex dtype: where CuPy's cuBLAS would refuse the recording stream,
-    vectors take gpuscalar's own dot kernel and matrices `gs.matmul` (the device's
-    ``"blas"`` executor, `gpuscalar.matmul.Blas`).
+    every float and complex dtype: on CuPy two vectors always take gpuscalar's own dot kernel
+    (the same bits in a recording and out of it; cuBLAS would refuse the recording stream),
+    and matrices in a recording `gs.matmul` (the device's ``"blas"`` executor,
+    `gpuscalar.matmul.Blas`).
     """
     backend, array_a, array_b = _pair(a, b, "dot")
     return _result(backend, backend.executor("blas").dot(array_a, array_b))
