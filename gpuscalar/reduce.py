@@ -340,25 +340,24 @@ def array_items(
     """
     if isinstance(arrays, GPUScalar) or backend_of(arrays) is not None:
         return [arrays], True
-    kind = describe(arrays)
     if hasattr(arrays, "shape") and hasattr(arrays, "dtype"):
         raise TypeError(
             f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
-            f"iterable of them, got {kind}, which is not a NumPy or CuPy array: convert it "
-            "with numpy.asarray or cupy.asarray"
+            f"iterable of them, got {describe(arrays)}, which is not a NumPy or CuPy array: "
+            "convert it with numpy.asarray or cupy.asarray"
         )
     if isinstance(arrays, (str, bytes, bytearray, Mapping)):
         hint = " (pass its .values())" if isinstance(arrays, Mapping) else ""
         raise TypeError(
             f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
-            f"iterable of them, got {kind}{hint}"
+            f"iterable of them, got {describe(arrays)}{hint}"
         )
-    try:
+    try:  # (described only for an error: describing a list of arrays formats each one)
         items = list(arrays)
     except TypeError:
         raise TypeError(
             f"gpuscalar.{function}(): {what} must be a NumPy or CuPy array, a GPUScalar or an "
-            f"iterable of them, got {kind}"
+            f"iterable of them, got {describe(arrays)}"
         ) from None
     if not items:
         raise ValueError(f"gpuscalar.{function}() needs at least one {noun}, got an empty "

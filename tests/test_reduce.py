@@ -468,6 +468,21 @@ def test_what_is_neither_an_array_nor_arrays_is_named(name, bad, error, words):
         function(*args)
 
 
+@pytest.mark.parametrize("name", ["global_norm", "all_finite", "clip_grad_norm"])
+def test_good_arrays_are_never_described(xp, name, monkeypatch):
+    """Naming a value for an error formats it (each array's shape and dtype): done only when
+    there is an error to raise, never on the way of a good list (it was ~45% of a
+    `global_norm` of six CuPy arrays' host cost)."""
+    def refuse(value):
+        raise AssertionError(f"described {type(value).__name__} on the good path")
+
+    monkeypatch.setattr("gpuscalar.reduce.describe", refuse)
+    arrays = [xp.ones((2, 3)), xp.ones(4)]
+    function = getattr(gs, name)
+    for passed in (arrays, tuple(arrays), iter(arrays)):
+        function(*((passed, 1.0) if name == "clip_grad_norm" else (passed,)))
+
+
 def test_global_norm_and_all_finite_name_the_bad_item():
     from gpuscalar import strict
 
