@@ -8,7 +8,6 @@ is a `GPUScalar`, anything else the backend's array. None of them ever synchroni
 
 from __future__ import annotations
 
-import builtins
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -76,13 +75,13 @@ _NOT_NUMERIC = frozenset("mMOSUV")
 
 def _result(backend: Backend, value: Any) -> Any:
     """A 0-d result (array or NumPy scalar) as a GPUScalar; other arrays unchanged."""
-    if getattr(value, "ndim", 0) == 0:
-        if not hasattr(value, "ndim"):  # a Python number (NumPy's count_nonzero gives an int)
-            value = np.asarray(value)
-            if not backend.host_memory:  # a fill kernel taking the value: never an upload
-                value = backend.call(backend.xp.full, (), value[()], dtype=value.dtype)
+    ndim = getattr(value, "ndim", None)
+    if ndim is None:  # a Python number (NumPy's count_nonzero gives an int)
+        value = np.asarray(value)
+        if not backend.host_memory:  # a fill kernel taking the value: never an upload
+            value = backend.call(backend.xp.full, (), value[()], dtype=value.dtype)
         return _wrap(backend, value)
-    return value
+    return _wrap(backend, value) if ndim == 0 else value
 
 
 class _Reduction(Protocol):
@@ -254,23 +253,28 @@ def unbroadcast(grad: Any, shape: Sequence[int]) -> Any:
     ``shape == ()`` (a scalar operand) gives a GPUScalar. One device reduction at most; no sync.
     """
     backend, array = _operand(grad, "unbroadcast")
+    if type(shape) is tuple and not shape:  # a scalar operand (the common case): every axis
+        if not array.ndim:
+            return grad if isinstance(grad, GPUScalar) else _result(backend, array)
+        return _result(backend, backend.call(backend.xp.sum, array, axis=None, keepdims=False))
     try:
-        target = tuple(int(n) for n in shape)
+        target = tuple(map(int, shape))
     except TypeError:
         kind = f"a GPUScalar of dtype {shape.dtype}" if isinstance(shape, GPUScalar) else (
             type(shape).__name__)  # (never the value of a GPUScalar: formatting it would sync)
         raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {kind}") from None
-    leading = array.ndim - len(target)
-    if leading < 0 or builtins.any(
-        n != 1 and n != array.shape[leading + i] for i, n in enumerate(target)
-    ):
-        raise ValueError(
-            f"unbroadcast(): a gradient of shape {array.shape} cannot come from broadcasting an "
-            f"operand of shape {target}"
-        )
-    axes = tuple(range(leading)) + tuple(
-        leading + i for i, n in enumerate(target) if n == 1 and array.shape[leading + i] != 1
-    )
+    given = array.shape
+    leading = len(given) - len(target)
+    axes_found = list(range(leading))
+    for i, n in enumerate(target):  # (a loop, not generators: this runs for every AD rule)
+        if leading < 0 or n != given[leading + i] and n != 1:
+            raise ValueError(
+                f"unbroadcast(): a gradient of shape {given} cannot come from broadcasting an "
+                f"operand of shape {target}"
+            )
+        if n != given[leading + i]:  # (n == 1): stretched by broadcasting
+            axes_found.append(leading + i)
+    axes = tuple(axes_found)
     if axes:
         array = backend.call(backend.xp.sum, array, axis=axes, keepdims=False)
     if array.shape != target:
