@@ -25,6 +25,7 @@ Imports nothing of gpuscalar's (a leaf module, like the ledger).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,7 @@ def remember(array: Any, value: Any) -> None:
         _purge()
 
 
-def remember_each(arrays: list[Any], values: list[Any]) -> None:
+def remember_each(arrays: Sequence[Any], values: Sequence[Any]) -> None:
     """`remember` each of ``arrays`` with its value in ``values`` (a read's unknown leaves:
     written out, as it runs for every leaf a read brings back)."""
     known, live, make_ref, on_death = _KNOWN, _LIVE, weakref.ref, _ON_DEATH
