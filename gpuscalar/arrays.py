@@ -12,6 +12,7 @@ as the operators' array path (`install`: ``GPUScalar._array_call``, ``_apply_ufu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -182,7 +183,7 @@ def apply_ufunc(name: str, *operands: Any, numpy_call: bool = True, **kwargs: An
 #: backend's executor has one (`fusion.Executor.direct_fold`: CuPy's fused launch), else None.
 #: Bounded by the kinds a program combines.
 _ARRAY_CALLS: dict[tuple[Any, ...], tuple[Backend, dict[str, Any], tuple[int, ...],
-                                          tuple[int, ...], Callable[..., Any] | None]] = {}
+                                          tuple[int, ...], Callable[..., Any] | None, int]] = {}
 
 
 def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
@@ -215,7 +216,7 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
         if found is None:
             return _MISSING
         _ARRAY_CALLS[call_key] = found
-    backend, keywords, scalars, arrays, fold = found
+    backend, keywords, scalars, arrays, fold, decision = found
     device = None
     if backend.multi_device:  # rule 5, per call: one device
         device, device_of = operands[scalars[0]]._device, backend.device_of
@@ -231,7 +232,7 @@ def _array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
         scalar = operands[scalars[0]]
         node = scalar._node  # read once: another thread may materialize it
         if node is not None and node[SIZE] <= KEEP_NODES:  # (a kept one: `_fused`)
-            result = fold(call_key, name, operands, keywords, scalars[0], node, device)
+            result = fold(decision, name, operands, keywords, scalars[0], node, device)
             if result is not NotImplemented:
                 scalar._used = True
                 return result
@@ -257,7 +258,12 @@ def _decide_array_call(name: str, operands: tuple[Any, ...], out: Any) -> Any:
     arrays = tuple(i for i, op in enumerate(operands) if backend.owns(op))
     fold = (fusion.executor_for(backend).direct_fold({**keywords, "out": None}, operands)
             if len(scalars) == 1 else None)
-    return backend, keywords, scalars, arrays, fold
+    return backend, keywords, scalars, arrays, fold, next(_DECISIONS)
+
+
+#: Each decision's number: what a direct fold's plans are keyed by, with the structure (an int
+#: hashes in one step where the decision's key, a tuple of types and dtypes, is walked)
+_DECISIONS = itertools.count()
 
 
 def _loop_keywords(backend: Backend, name: str, stand_ins: tuple[Any, ...],

@@ -215,9 +215,9 @@ class Executor:
         """For `gpuscalar.arrays`' cached decision on an array operation with ONE GPUScalar
         operand and the loop ``keywords`` (``out`` marked None where an output is passed): the
         function its fold of one pending scalar calls straight away, as
-        ``fold(key, name, operands, keywords, position, root, device)`` -> the result, or
-        NotImplemented where the general path (`fused_ufunc`) must decide; None: always the
-        general path."""
+        ``fold(key, name, operands, keywords, position, root, device)`` (``key``: the decision's
+        number) -> the result, or NotImplemented where the general path (`fused_ufunc`) must
+        decide; None: always the general path."""
         return None
 
     def pins_loop(self, name: str, dtype: np.dtype) -> bool:

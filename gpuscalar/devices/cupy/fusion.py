@@ -344,16 +344,16 @@ def _launch_keeping(backend: Backend, kernel: Any, args: list[Any], outs: tuple,
     return kept, backend.call(kernel, *args, *outs, *kept.values())
 
 
-def fold_on_cupy(key: tuple, name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
+def fold_on_cupy(key: int, name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
                  position: int, root: expr.Node, device: object) -> Any:
     """`fused_ufunc` on CuPy for the common fold, called by `gpuscalar.arrays` once its cached
-    decision (``key``: the ufunc, each operand's kind and dtype, no Python int, the output's)
-    said CuPy fuses these keywords: ONE pending scalar (at ``position``, its node ``root``, not
-    kept) on ``device`` (checked by the caller). Its plan is `_fused_on_cupy`'s, keyed by
-    ``key`` and the structure (they determine `_fused_on_cupy`'s key), with the structure's
-    argument reader (`expr.argument_reader`: the leaves without a walk). The result, or
-    NotImplemented where the general path must decide (no fusable routine, an overlap, a
-    churning structure: nothing was launched)."""
+    decision (``key``: its number; decided from the ufunc, each operand's kind and dtype, no
+    Python int, the output's) said CuPy fuses these keywords: ONE pending scalar (at
+    ``position``, its node ``root``, not kept) on ``device`` (checked by the caller). Its plan
+    is `_fused_on_cupy`'s, keyed by the decision's number and the structure (which determine
+    `_fused_on_cupy`'s key), with the structure's argument reader (`expr.argument_reader`: the
+    leaves without a walk). The result, or NotImplemented where the general path must decide
+    (no fusable routine, an overlap, a churning structure: nothing was launched)."""
     plan_key = (key, root[KEY])
     plan = _PLANS.hit(plan_key, _NO_PLAN)
     if plan is _NO_PLAN:
