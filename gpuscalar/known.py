@@ -25,13 +25,12 @@ Imports nothing of gpuscalar's (a leaf module, like the ledger).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["UNREAD", "remember", "remember_each", "value_of", "known_values", "unread_positions",
-           "mark_live", "python_value", "forget_all", "size", "expect", "arrive", "INCOMING"]
+__all__ = ["UNREAD", "remember", "value_of", "known_values", "unread_positions", "mark_live",
+           "python_value", "forget_all", "size", "expect", "arrive", "INCOMING"]
 
 
 class _Unread:
@@ -89,22 +88,6 @@ def remember(array: Any, value: Any) -> None:
         _KNOWN[key] = (weakref.ref(array, _ON_DEATH), value)
     except TypeError:  # an array type without weak references: not remembered (only a cost)
         return
-    if len(_DEAD) > _PURGE_AT:
-        _purge()
-
-
-def remember_each(arrays: Sequence[Any], values: Sequence[Any]) -> None:
-    """`remember` each of ``arrays`` with its value in ``values`` (a read's unknown leaves:
-    written out, as it runs for every leaf a read brings back)."""
-    known, live, make_ref, on_death = _KNOWN, _LIVE, weakref.ref, _ON_DEATH
-    for array, value in zip(arrays, values, strict=True):
-        key = id(array)
-        if live and key in live and live[key]() is array:
-            continue
-        try:
-            known[key] = (make_ref(array, on_death), value)
-        except TypeError:  # an array type without weak references: not remembered
-            continue
     if len(_DEAD) > _PURGE_AT:
         _purge()
 

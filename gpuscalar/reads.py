@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import ledger, sync
-from .known import UNREAD, known_values, python_value, remember, remember_each, unread_positions
+from .known import UNREAD, known_values, python_value, remember, unread_positions
 from .lazy import expr, fusion
 
 __all__ = ["read_pending", "known_result"]
@@ -69,7 +69,8 @@ def read_pending(scalar: Any, reason: str) -> Any:
         unpacked = fusion.unpack(sync.to_host(scalar._backend, packed, None),
                                  [node.op.dtype, *[leaves[i].dtype for i in extras]])
         host = unpacked[0]
-        remember_each([leaves[index] for index in extras], unpacked[1:])
+        for index, value in zip(extras, unpacked[1:], strict=True):
+            remember(leaves[index], value)
     if scalar._array is None and not ledger.in_loop_body():  # publish, as scalar._materialize
         scalar._array, scalar._node = array, None
     remember(scalar._array, host)

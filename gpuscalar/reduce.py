@@ -254,34 +254,50 @@ def unbroadcast(grad: Any, shape: Sequence[int]) -> Any:
     """
     backend, array = _operand(grad, "unbroadcast")
     if type(shape) is tuple and not shape:  # a scalar operand (the common case): every axis
-        if not array.ndim:
-            return grad if isinstance(grad, GPUScalar) else _result(backend, array)
-        return _result(backend, backend.call(backend.xp.sum, array, axis=None, keepdims=False))
-    try:
-        target = tuple(map(int, shape))
-    except TypeError:
-        kind = f"a GPUScalar of dtype {shape.dtype}" if isinstance(shape, GPUScalar) else (
-            type(shape).__name__)  # (never the value of a GPUScalar: formatting it would sync)
-        raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {kind}") from None
-    given = array.shape
-    leading = len(given) - len(target)
-    axes_found = list(range(leading))
-    for i, n in enumerate(target):  # (a loop, not generators: this runs for every AD rule)
-        if leading < 0 or n != given[leading + i] and n != 1:
-            raise ValueError(
-                f"unbroadcast(): a gradient of shape {given} cannot come from broadcasting an "
-                f"operand of shape {target}"
-            )
-        if n != given[leading + i]:  # (n == 1): stretched by broadcasting
-            axes_found.append(leading + i)
-    axes = tuple(axes_found)
-    if axes:
-        array = backend.call(backend.xp.sum, array, axis=axes, keepdims=False)
+        target: tuple[int, ...] = ()
+        axes = tuple(range(array.ndim))
+    else:
+        target = _target_shape(shape)
+        axes = _stretched_axes(array.shape, target)
+    if axes:  # (every axis: axis=None, CuPy's own path for a whole sum)
+        array = backend.call(backend.xp.sum, array, axis=axes if target else None,
+                             keepdims=False)
     if array.shape != target:
         array = array.reshape(target)  # only size-1 axes are restored: a view, no device work
     if isinstance(grad, GPUScalar) and not axes:
         return grad
     return _result(backend, array)
+
+
+def _target_shape(shape: Any) -> tuple[int, ...]:
+    """`unbroadcast`'s ``shape`` as a tuple of ints, or a TypeError naming what it was."""
+    try:
+        return tuple(map(int, shape))
+    except TypeError:
+        kind = f"a GPUScalar of dtype {shape.dtype}" if isinstance(shape, GPUScalar) else (
+            type(shape).__name__)  # (never the value of a GPUScalar: formatting it would sync)
+        raise TypeError(f"unbroadcast() shape must be a tuple of ints, got {kind}") from None
+
+
+def _stretched_axes(given: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
+    """The axes of a gradient of shape ``given`` that broadcasting an operand of shape
+    ``target`` added or stretched (a loop, not generators: this runs for every AD rule), or a
+    ValueError where ``given`` cannot come from ``target``."""
+    leading = len(given) - len(target)
+    if leading < 0:
+        raise _not_broadcast(given, target)
+    axes = list(range(leading))
+    for i, n in enumerate(target):
+        if n != given[leading + i]:
+            if n != 1:
+                raise _not_broadcast(given, target)
+            axes.append(leading + i)
+    return tuple(axes)
+
+
+def _not_broadcast(given: tuple[int, ...], target: tuple[int, ...]) -> ValueError:
+    return ValueError(f"unbroadcast(): a gradient of shape {given} cannot come from "
+                      f"broadcasting an operand of shape {target}")
 
 
 def partials_into_slots(

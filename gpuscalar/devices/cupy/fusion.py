@@ -25,6 +25,7 @@ emptied while a test seam stands.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -313,35 +314,24 @@ def _fused_on_cupy(backend: Backend, name: str, operands: list[Any], kwargs: dic
     kernel, out_dtypes, kept_dtypes, device_index = plan
     if device is None:
         device = backend.device_of(args[device_index])
-    if CUPY.seam.is_current_device(device):  # (the common fold: no device switch to make)
+    current = CUPY.seam.is_current_device(device)
+    if not kept_dtypes and current:  # (the common fold)
+        result = backend.call(kernel, *args, *outs)
+        return (result if out is None else out), {}
+    with contextlib.nullcontext() if current else backend.device_context(device):
         if not kept_dtypes:
             result = backend.call(kernel, *args, *outs)
             return (result if out is None else out), {}
-        kept, result = _launch_keeping(backend, kernel, args, outs, out_dtypes, kept_dtypes)
-    else:
-        with backend.device_context(device):
-            if not kept_dtypes:
-                result = backend.call(kernel, *args, *outs)
-                return (result if out is None else out), {}
-            kept, result = _launch_keeping(backend, kernel, args, outs, out_dtypes, kept_dtypes)
+        ndarray = backend.xp.ndarray
+        kept = {position: ndarray((), dtype) for position, dtype in kept_dtypes}
+        if not outs:  # a raw side output means every output is passed
+            shapes = [a.shape for a in args if isinstance(a, ndarray)]
+            shape = shapes[0] if len(shapes) == 1 else np.broadcast_shapes(*shapes)
+            outs = tuple(ndarray(shape, d) for d in out_dtypes)
+        result = backend.call(kernel, *args, *outs, *kept.values())
     result = result[:len(out_dtypes)]
     result = result[0] if len(result) == 1 else tuple(result)
     return (result if out is None else out), kept
-
-
-def _launch_keeping(backend: Backend, kernel: Any, args: list[Any], outs: tuple,
-                    out_dtypes: tuple, kept_dtypes: tuple) -> tuple[dict[int, Any], Any]:
-    """`_fused_on_cupy`'s launch that also stores kept scalars (a 0-d side output each, and
-    then every output passed), on the current device: (the kept arrays by position, the
-    kernel's result)."""
-    xp = backend.xp
-    ndarray = xp.ndarray
-    kept = {position: ndarray((), dtype) for position, dtype in kept_dtypes}
-    if not outs:  # a raw side output means every output is passed
-        shapes = [a.shape for a in args if isinstance(a, ndarray)]
-        shape = shapes[0] if len(shapes) == 1 else np.broadcast_shapes(*shapes)
-        outs = tuple(ndarray(shape, d) for d in out_dtypes)
-    return kept, backend.call(kernel, *args, *outs, *kept.values())
 
 
 def fold_on_cupy(key: int, name: str, operands: tuple[Any, ...], kwargs: dict[str, Any],
